@@ -1,0 +1,214 @@
+//! Request handlers: one per path, dispatching on the method, each returning a full response.
+//!
+//! Handlers never fail: every error is an [`ApiError`] turned into the contract's JSON body here,
+//! so the client sees one shape whatever went wrong.
+
+use bytes::{Buf, BytesMut};
+use futures_util::{Stream, StreamExt};
+use warp::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use warp::reply::Response;
+
+use crate::errors::ApiError;
+use crate::models::{self, ListQuery};
+use crate::store::Store;
+use animal_store_contract::{ErrorCode, JSON_CONTENT_TYPE};
+
+/// The public path of the collection; `Location` and `Link` are built from it.
+pub const PETS_PATH: &str = "/v1/pets";
+
+/// Per-service settings the handlers need.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: u64,
+}
+
+/// `/v1/pets`: GET lists, POST creates.
+pub async fn collection<S, B>(
+    method: Method,
+    raw_query: String,
+    headers: HeaderMap,
+    body: S,
+    store: Store,
+    limits: Limits,
+) -> Response
+where
+    S: Stream<Item = Result<B, warp::Error>> + Send,
+    B: Buf,
+{
+    let result = match method {
+        Method::GET => list(&raw_query, &store).map_err(|e| (e, BodyLeft::Read)),
+        Method::POST => create(&headers, body, &store, limits)
+            .await
+            .map_err(|e| (e, BodyLeft::Unread)),
+        _ => Err((ApiError::method_not_allowed("GET, POST"), BodyLeft::Read)),
+    };
+    result.unwrap_or_else(|(error, body_left)| {
+        let unread = body_left == BodyLeft::Unread
+            && matches!(
+                error.code,
+                ErrorCode::PayloadTooLarge | ErrorCode::UnsupportedMediaType
+            );
+        let mut response = error.into_response();
+        if unread {
+            // We answered without reading the whole body: the connection cannot be reused, and a
+            // client that does not hear so would send its next request into a closed socket.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    })
+}
+
+/// Whether a refused request's body may still be on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyLeft {
+    Read,
+    Unread,
+}
+
+/// `/v1/pets/{petId}`: GET only (deprecated at the gateway).
+pub async fn item(pet_id: String, method: Method, store: Store) -> Response {
+    let result = match method {
+        Method::GET => get(&pet_id, &store),
+        _ => Err(ApiError::method_not_allowed("GET")),
+    };
+    result.unwrap_or_else(ApiError::into_response)
+}
+
+fn list(raw_query: &str, store: &Store) -> Result<Response, ApiError> {
+    let query = models::parse_list_query(raw_query)?;
+    let (page, more) = store.list(&query).map_err(ApiError::from_store)?;
+    let mut response = json_response(StatusCode::OK, &page);
+    if more && let Some(last) = page.last() {
+        let link = next_link(&query, last.id);
+        if let Ok(value) = HeaderValue::from_str(&link) {
+            response.headers_mut().insert(header::LINK, value);
+        }
+    }
+    Ok(response)
+}
+
+/// The RFC 8288 `Link` to the page after `last_id`, keeping `limit` and `status`.
+fn next_link(query: &ListQuery, last_id: i64) -> String {
+    let status = query
+        .status
+        .map(|s| format!("&status={}", s.as_str()))
+        .unwrap_or_default();
+    format!(
+        "<{PETS_PATH}?limit={}{status}&cursor={}>; rel=\"next\"",
+        query.limit,
+        models::encode_cursor(last_id)
+    )
+}
+
+async fn create<S, B>(
+    headers: &HeaderMap,
+    body: S,
+    store: &Store,
+    limits: Limits,
+) -> Result<Response, ApiError>
+where
+    S: Stream<Item = Result<B, warp::Error>> + Send,
+    B: Buf,
+{
+    if declared_length(headers).is_some_and(|len| len > limits.max_body_bytes) {
+        return Err(too_large(limits));
+    }
+    require_json(headers)?;
+    let body = read_limited(body, limits).await?;
+    let new = models::parse_new_pet(&body)?;
+    let pet = store.create(new).await.map_err(ApiError::from_store)?;
+    let mut response = json_response(StatusCode::CREATED, &pet);
+    if let Ok(location) = HeaderValue::from_str(&format!("{PETS_PATH}/{}", pet.id)) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+fn get(pet_id: &str, store: &Store) -> Result<Response, ApiError> {
+    let id = models::parse_pet_id(pet_id)?;
+    match store.get(id).map_err(ApiError::from_store)? {
+        Some(pet) => Ok(json_response(StatusCode::OK, &pet)),
+        None => Err(ApiError::not_found(format!("no pet with id {id}"))),
+    }
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Accepts `application/json`, with parameters such as `charset`, in any letter case.
+fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case(JSON_CONTENT_TYPE));
+    if is_json {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::UnsupportedMediaType,
+            "the request body must be sent with Content-Type: application/json",
+        ))
+    }
+}
+
+/// Reads the body, refusing it as soon as it passes the limit (chunked bodies included).
+async fn read_limited<S, B>(body: S, limits: Limits) -> Result<BytesMut, ApiError>
+where
+    S: Stream<Item = Result<B, warp::Error>> + Send,
+    B: Buf,
+{
+    let mut body = std::pin::pin!(body);
+    let mut collected = BytesMut::new();
+    while let Some(chunk) = body.next().await {
+        let mut chunk = chunk
+            .map_err(|_| ApiError::invalid_json("the request body could not be read completely"))?;
+        if collected.len() as u64 + chunk.remaining() as u64 > limits.max_body_bytes {
+            return Err(too_large(limits));
+        }
+        while chunk.has_remaining() {
+            let part = chunk.chunk();
+            collected.extend_from_slice(part);
+            let n = part.len();
+            chunk.advance(n);
+        }
+    }
+    Ok(collected)
+}
+
+fn too_large(limits: Limits) -> ApiError {
+    ApiError::new(
+        ErrorCode::PayloadTooLarge,
+        format!(
+            "the request body is larger than {} bytes",
+            limits.max_body_bytes
+        ),
+    )
+}
+
+fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => {
+            let mut response = Response::new(body.into());
+            *response.status_mut() = status;
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(JSON_CONTENT_TYPE),
+            );
+            response
+        }
+        Err(e) => {
+            log::error!("could not serialize a response: {e}");
+            ApiError::new(ErrorCode::InternalError, "an internal error occurred").into_response()
+        }
+    }
+}

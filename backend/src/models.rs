@@ -1,0 +1,425 @@
+//! The pets resource: its types and the pure validation of what clients send.
+//!
+//! Validation is done by hand on a `serde_json::Value` rather than by serde derive, so that every
+//! refusal names the field at fault in words a client understands and never echoes parser
+//! internals.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::errors::ApiError;
+
+/// Longest accepted `name`, in characters (Unicode scalar values).
+pub const MAX_NAME_CHARS: usize = 100;
+/// Largest page a client may ask for.
+pub const MAX_LIMIT: u32 = 100;
+/// Page size when the client does not say.
+pub const DEFAULT_LIMIT: u32 = 20;
+
+/// Availability of an animal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PetStatus {
+    /// Can be bought.
+    Available,
+    /// Reserved, not yet sold.
+    Pending,
+    /// Sold.
+    Sold,
+}
+
+impl PetStatus {
+    /// Every status, in the spec's order.
+    pub const ALL: [PetStatus; 3] = [PetStatus::Available, PetStatus::Pending, PetStatus::Sold];
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PetStatus::Available => "available",
+            PetStatus::Pending => "pending",
+            PetStatus::Sold => "sold",
+        }
+    }
+
+    /// Parses the wire spelling; `None` for anything else.
+    pub fn parse(s: &str) -> Option<PetStatus> {
+        PetStatus::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+/// A validated request to create a pet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewPet {
+    /// 1 to 100 characters, not blank, no control characters.
+    pub name: String,
+    /// 1 to 2^63-1.
+    pub category_id: i64,
+    /// `available` when the client does not say.
+    pub status: PetStatus,
+}
+
+/// A stored pet, as returned to clients.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Pet {
+    /// Assigned by the service: unique, increasing, never reused.
+    pub id: i64,
+    /// The animal's name.
+    pub name: String,
+    /// The category the animal belongs to.
+    pub category_id: i64,
+    /// Availability.
+    pub status: PetStatus,
+}
+
+impl Pet {
+    /// The pet that `new` becomes once it has an id.
+    pub fn from_new(id: i64, new: NewPet) -> Pet {
+        Pet {
+            id,
+            name: new.name,
+            category_id: new.category_id,
+            status: new.status,
+        }
+    }
+}
+
+/// Parses and validates a create body: JSON object with `name`, `categoryId`, optional `status`.
+pub fn parse_new_pet(body: &[u8]) -> Result<NewPet, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid_json(
+            "the request body is empty; send a JSON object",
+        ));
+    }
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid_json(format!(
+            "the request body is not valid JSON (line {}, column {})",
+            e.line(),
+            e.column()
+        ))
+    })?;
+    let Value::Object(object) = value else {
+        return Err(ApiError::invalid_json(
+            "the request body must be a JSON object",
+        ));
+    };
+    validate_new_pet(&object)
+}
+
+fn validate_new_pet(object: &Map<String, Value>) -> Result<NewPet, ApiError> {
+    if let Some(unknown) = object
+        .keys()
+        .find(|k| !matches!(k.as_str(), "name" | "categoryId" | "status"))
+    {
+        return Err(ApiError::validation(format!(
+            "unknown field `{}`; allowed fields are name, categoryId and status",
+            truncate_for_message(unknown)
+        )));
+    }
+    let name = match object.get("name") {
+        None => return Err(ApiError::validation("`name` is required")),
+        Some(Value::String(s)) => validate_name(s)?,
+        Some(_) => return Err(ApiError::validation("`name` must be a string")),
+    };
+    let category_id = match object.get("categoryId") {
+        None => return Err(ApiError::validation("`categoryId` is required")),
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(id) if id >= 1 => id,
+            _ if n.is_f64() => {
+                return Err(ApiError::validation(
+                    "`categoryId` must be an integer, not a fraction",
+                ));
+            }
+            _ => {
+                return Err(ApiError::validation(
+                    "`categoryId` must be an integer from 1 to 9223372036854775807",
+                ));
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::validation(
+                "`categoryId` must be a JSON integer (not a string)",
+            ));
+        }
+    };
+    let status = match object.get("status") {
+        None => PetStatus::Available,
+        Some(Value::String(s)) => PetStatus::parse(s).ok_or_else(|| {
+            ApiError::validation("`status` must be one of available, pending, sold")
+        })?,
+        Some(_) => {
+            return Err(ApiError::validation(
+                "`status` must be a string: available, pending or sold",
+            ));
+        }
+    };
+    Ok(NewPet {
+        name,
+        category_id,
+        status,
+    })
+}
+
+fn validate_name(name: &str) -> Result<String, ApiError> {
+    let chars = name.chars().count();
+    if chars == 0 || chars > MAX_NAME_CHARS {
+        return Err(ApiError::validation(format!(
+            "`name` must be 1 to {MAX_NAME_CHARS} characters long (it has {chars})"
+        )));
+    }
+    if name.chars().all(char::is_whitespace) {
+        return Err(ApiError::validation("`name` must not be only white space"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(ApiError::validation(
+            "`name` must not contain control characters",
+        ));
+    }
+    Ok(name.to_owned())
+}
+
+/// Keeps client-supplied text short in error messages.
+fn truncate_for_message(s: &str) -> String {
+    const MAX: usize = 40;
+    let clean: String = s.chars().filter(|c| !c.is_control()).collect();
+    if clean.chars().count() > MAX {
+        format!("{}...", clean.chars().take(MAX).collect::<String>())
+    } else {
+        clean
+    }
+}
+
+/// A validated list request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Page size, 1 to 100.
+    pub limit: u32,
+    /// Only pets with this status.
+    pub status: Option<PetStatus>,
+    /// Only pets with an id greater than this (the last id of the previous page).
+    pub after: Option<i64>,
+}
+
+/// Parses the list query string (`limit`, `status`, `cursor`); anything else is refused.
+pub fn parse_list_query(raw: &str) -> Result<ListQuery, ApiError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw)
+        .map_err(|_| ApiError::invalid_parameter("the query string is not valid URL encoding"))?;
+    let mut query = ListQuery {
+        limit: DEFAULT_LIMIT,
+        status: None,
+        after: None,
+    };
+    let mut seen = [false; 3];
+    for (name, value) in &pairs {
+        let slot = match name.as_str() {
+            "limit" => 0,
+            "status" => 1,
+            "cursor" => 2,
+            other => {
+                return Err(ApiError::invalid_parameter(format!(
+                    "unknown query parameter `{}`; allowed are limit, status and cursor",
+                    truncate_for_message(other)
+                )));
+            }
+        };
+        if std::mem::replace(&mut seen[slot], true) {
+            return Err(ApiError::invalid_parameter(format!(
+                "query parameter `{name}` is given more than once"
+            )));
+        }
+        match slot {
+            0 => query.limit = parse_limit(value)?,
+            1 => {
+                query.status = Some(PetStatus::parse(value).ok_or_else(|| {
+                    ApiError::invalid_parameter("`status` must be one of available, pending, sold")
+                })?)
+            }
+            _ => query.after = Some(decode_cursor(value)?),
+        }
+    }
+    Ok(query)
+}
+
+fn parse_limit(value: &str) -> Result<u32, ApiError> {
+    match value.parse::<u32>() {
+        Ok(n) if (1..=MAX_LIMIT).contains(&n) && !value.starts_with('+') => Ok(n),
+        _ => Err(ApiError::invalid_parameter(format!(
+            "`limit` must be an integer from 1 to {MAX_LIMIT}"
+        ))),
+    }
+}
+
+/// Parses a pet id from a path segment: a decimal int64.
+pub fn parse_pet_id(segment: &str) -> Result<i64, ApiError> {
+    match segment.parse::<i64>() {
+        Ok(id) if !segment.starts_with('+') => Ok(id),
+        _ => Err(ApiError::invalid_parameter(
+            "`petId` must be an integer (int64)",
+        )),
+    }
+}
+
+/// The opaque cursor for "the page after the pet with this id".
+///
+/// It is the id in decimal: simple to debug, and the service promises nothing about its form.
+pub fn encode_cursor(last_id: i64) -> String {
+    last_id.to_string()
+}
+
+/// Reverses [`encode_cursor`]; anything else is a malformed parameter.
+pub fn decode_cursor(cursor: &str) -> Result<i64, ApiError> {
+    match cursor.parse::<i64>() {
+        Ok(id) if id >= 0 && !cursor.starts_with('+') => Ok(id),
+        _ => Err(ApiError::invalid_parameter(
+            "`cursor` is malformed; use the link of the previous page",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use animal_store_contract::ErrorCode;
+    use proptest::prelude::*;
+
+    fn code_of(body: &str) -> Option<ErrorCode> {
+        parse_new_pet(body.as_bytes()).err().map(|e| e.code)
+    }
+
+    #[test]
+    fn create_validation_table() {
+        use ErrorCode::*;
+        let cases: &[(&str, Option<ErrorCode>)] = &[
+            (r#"{"name":"Rex","categoryId":1}"#, None),
+            (
+                r#"{"name":"Rex","categoryId":9223372036854775807,"status":"sold"}"#,
+                None,
+            ),
+            (
+                r#"{"name":"Rex","categoryId":9223372036854775808}"#,
+                Some(ValidationFailed),
+            ),
+            (r#"{"name":"Rex","categoryId":0}"#, Some(ValidationFailed)),
+            (r#"{"name":"Rex","categoryId":-4}"#, Some(ValidationFailed)),
+            (r#"{"name":"Rex","categoryId":1.5}"#, Some(ValidationFailed)),
+            (r#"{"name":"Rex","categoryId":1.0}"#, Some(ValidationFailed)),
+            (r#"{"name":"Rex","categoryId":"1"}"#, Some(ValidationFailed)),
+            (
+                r#"{"name":"Rex","categoryId":null}"#,
+                Some(ValidationFailed),
+            ),
+            (r#"{"name":"Rex"}"#, Some(ValidationFailed)),
+            (r#"{"categoryId":1}"#, Some(ValidationFailed)),
+            (r#"{"name":"","categoryId":1}"#, Some(ValidationFailed)),
+            (r#"{"name":"   ","categoryId":1}"#, Some(ValidationFailed)),
+            (
+                r#"{"name":"a\u0007b","categoryId":1}"#,
+                Some(ValidationFailed),
+            ),
+            (r#"{"name":5,"categoryId":1}"#, Some(ValidationFailed)),
+            (
+                r#"{"name":"Rex","categoryId":1,"status":"lost"}"#,
+                Some(ValidationFailed),
+            ),
+            (
+                r#"{"name":"Rex","categoryId":1,"status":1}"#,
+                Some(ValidationFailed),
+            ),
+            (
+                r#"{"name":"Rex","categoryId":1,"id":7}"#,
+                Some(ValidationFailed),
+            ),
+            (r#"[1,2]"#, Some(InvalidJson)),
+            (r#""Rex""#, Some(InvalidJson)),
+            (r#"{"name":"Rex","#, Some(InvalidJson)),
+            ("", Some(InvalidJson)),
+            ("  \n", Some(InvalidJson)),
+        ];
+        for (body, want) in cases {
+            assert_eq!(code_of(body), *want, "body {body}");
+        }
+    }
+
+    #[test]
+    fn name_length_counts_characters_not_bytes() {
+        let ok = format!(r#"{{"name":"{}","categoryId":1}}"#, "é".repeat(100));
+        assert!(parse_new_pet(ok.as_bytes()).is_ok());
+        let long = format!(r#"{{"name":"{}","categoryId":1}}"#, "é".repeat(101));
+        assert_eq!(code_of(&long), Some(ErrorCode::ValidationFailed));
+    }
+
+    #[test]
+    fn status_defaults_to_available() {
+        let pet = parse_new_pet(br#"{"name":"Rex","categoryId":3}"#).unwrap();
+        assert_eq!(pet.status, PetStatus::Available);
+    }
+
+    #[test]
+    fn list_query_table() {
+        assert_eq!(
+            parse_list_query("").unwrap(),
+            ListQuery {
+                limit: 20,
+                status: None,
+                after: None
+            }
+        );
+        let q = parse_list_query("limit=100&status=sold&cursor=42").unwrap();
+        assert_eq!(
+            q,
+            ListQuery {
+                limit: 100,
+                status: Some(PetStatus::Sold),
+                after: Some(42)
+            }
+        );
+        for bad in [
+            "limit=0",
+            "limit=101",
+            "limit=abc",
+            "limit=-1",
+            "limit=+5",
+            "limit=",
+            "status=lost",
+            "cursor=x",
+            "cursor=-3",
+            "foo=1",
+            "limit=5&limit=6",
+        ] {
+            let err = parse_list_query(bad).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidParameter, "query {bad}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Err(e) = parse_new_pet(&body) {
+                prop_assert!(matches!(e.code, ErrorCode::InvalidJson | ErrorCode::ValidationFailed));
+            }
+        }
+
+        #[test]
+        fn arbitrary_queries_never_panic(q in ".{0,64}") {
+            if let Err(e) = parse_list_query(&q) {
+                prop_assert_eq!(e.code, ErrorCode::InvalidParameter);
+            }
+        }
+
+        #[test]
+        fn cursor_round_trips(id in 0i64..) {
+            prop_assert_eq!(decode_cursor(&encode_cursor(id)).unwrap(), id);
+        }
+
+        #[test]
+        fn accepted_names_respect_the_rules(name in "\\PC{0,120}") {
+            let body = serde_json::json!({"name": name, "categoryId": 1}).to_string();
+            if let Ok(pet) = parse_new_pet(body.as_bytes()) {
+                let n = pet.name.chars().count();
+                prop_assert!((1..=MAX_NAME_CHARS).contains(&n));
+                prop_assert!(!pet.name.chars().all(char::is_whitespace));
+                prop_assert!(!pet.name.chars().any(char::is_control));
+            }
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! The pets store: sled trees behind a small API, with durable, group-committed creates.
+//!
+//! Layout: tree `pets` maps the id (8 bytes, big-endian, so byte order is id order) to the pet's
+//! JSON; tree `pets_by_status` holds `[status byte][id]` keys so a filtered page is one range
+//! scan. Both are written in one transaction, so a crash never leaves one without the other.
+//!
+//! Durability: [`Store::create`] returns only after a `flush()` (fsync) that began after the pet
+//! was written. Concurrent creates wait on the same flush (group commit), run by one flusher task
+//! on a blocking thread (sled's `flush_async` has known deadlocks).
+
+use std::io;
+use std::path::Path;
+
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::errors::StoreError;
+use crate::models::{ListQuery, NewPet, Pet, PetStatus};
+
+/// Name of the sled database directory inside the data directory.
+pub const DB_DIR: &str = "pets.sled";
+/// sled's page cache; the catalogue is small, so keep its memory modest.
+const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// How creates reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommitMode {
+    /// Concurrent creates share one flush (the default).
+    Group,
+    /// Every create flushes on its own; only for measuring what group commit saves.
+    PerRequest,
+}
+
+type FlushResult = Result<(), (io::ErrorKind, String)>;
+
+/// The pets store. Cheap to clone; clones share the database and the flusher.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    pets: sled::Tree,
+    by_status: sled::Tree,
+    mode: CommitMode,
+    flush_requests: mpsc::UnboundedSender<oneshot::Sender<FlushResult>>,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `data_dir` and starts its flusher on the current runtime.
+    pub fn open(data_dir: &Path, mode: CommitMode) -> Result<Store, StoreError> {
+        let db = sled::Config::new()
+            .path(data_dir.join(DB_DIR))
+            .cache_capacity(CACHE_BYTES)
+            .open()?;
+        let pets = db.open_tree("pets")?;
+        let by_status = db.open_tree("pets_by_status")?;
+        let (flush_requests, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_flusher(db.clone(), rx));
+        Ok(Store {
+            db,
+            pets,
+            by_status,
+            mode,
+            flush_requests,
+        })
+    }
+
+    /// Stores a new pet and returns it once it is durably on disk.
+    pub async fn create(&self, new: NewPet) -> Result<Pet, StoreError> {
+        let store = self.clone();
+        let pet = tokio::task::spawn_blocking(move || store.insert(new))
+            .await
+            .map_err(|_| StoreError::ShuttingDown)??;
+        self.wait_durable().await?;
+        Ok(pet)
+    }
+
+    fn insert(&self, new: NewPet) -> Result<Pet, StoreError> {
+        // sled ids start at 0 and are never reissued, even after a crash (they jump instead).
+        let id = i64::try_from(self.db.generate_id()? + 1).map_err(|_| StoreError::IdsExhausted)?;
+        let pet = Pet::from_new(id, new);
+        let record =
+            serde_json::to_vec(&pet).map_err(|source| StoreError::Corrupt { id, source })?;
+        let id_key = id.to_be_bytes();
+        let index_key = status_key(pet.status, id);
+        (&self.pets, &self.by_status)
+            .transaction(|(pets, by_status)| {
+                pets.insert(&id_key, record.as_slice())?;
+                by_status.insert(&index_key, &[])?;
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| match e {
+                TransactionError::Storage(e) => StoreError::Sled(e),
+                TransactionError::Abort(()) => StoreError::ShuttingDown,
+            })?;
+        Ok(pet)
+    }
+
+    async fn wait_durable(&self) -> Result<(), StoreError> {
+        let result = match self.mode {
+            CommitMode::Group => {
+                let (tx, rx) = oneshot::channel();
+                self.flush_requests
+                    .send(tx)
+                    .map_err(|_| StoreError::ShuttingDown)?;
+                rx.await.map_err(|_| StoreError::ShuttingDown)?
+            }
+            CommitMode::PerRequest => {
+                let db = self.db.clone();
+                tokio::task::spawn_blocking(move || flush(&db))
+                    .await
+                    .map_err(|_| StoreError::ShuttingDown)?
+            }
+        };
+        result.map_err(|(kind, msg)| StoreError::Sled(sled::Error::Io(io::Error::new(kind, msg))))
+    }
+
+    /// One pet by id, if it exists.
+    pub fn get(&self, id: i64) -> Result<Option<Pet>, StoreError> {
+        self.pets
+            .get(id.to_be_bytes())?
+            .map(|bytes| decode(id, &bytes))
+            .transpose()
+    }
+
+    /// A page of pets in id order after `query.after`, plus whether more remain.
+    pub fn list(&self, query: &ListQuery) -> Result<(Vec<Pet>, bool), StoreError> {
+        let first_id = query.after.map_or(0, |after| after.saturating_add(1));
+        let want = query.limit as usize;
+        let mut page = Vec::with_capacity(want.min(32));
+        let mut more = false;
+        match query.status {
+            None => {
+                for entry in self.pets.range(first_id.to_be_bytes()..) {
+                    let (key, value) = entry?;
+                    if page.len() == want {
+                        more = true;
+                        break;
+                    }
+                    page.push(decode(id_of(&key), &value)?);
+                }
+            }
+            Some(status) => {
+                let start = status_key(status, first_id);
+                let prefix = [status as u8];
+                for entry in self.by_status.range(start..).keys() {
+                    let key = entry?;
+                    if !key.starts_with(&prefix) {
+                        break;
+                    }
+                    if page.len() == want {
+                        more = true;
+                        break;
+                    }
+                    let id = id_of(&key[1..]);
+                    // The index and the record are written in one transaction.
+                    let pet = self.get(id)?.ok_or(StoreError::Corrupt {
+                        id,
+                        source: serde::de::Error::custom("indexed pet missing"),
+                    })?;
+                    page.push(pet);
+                }
+            }
+        }
+        Ok((page, more))
+    }
+
+    /// Flushes everything to disk; used at shutdown.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+fn flush(db: &sled::Db) -> FlushResult {
+    db.flush().map(drop).map_err(|e| match e {
+        sled::Error::Io(io) => (io.kind(), io.to_string()),
+        other => (io::ErrorKind::Other, other.to_string()),
+    })
+}
+
+/// Serves flush requests: takes every waiter queued so far, flushes once, answers them all.
+/// Waiters that arrive during a flush are served by the next one, which starts after their
+/// writes, so every answer covers the writes made before its request.
+async fn run_flusher(
+    db: sled::Db,
+    mut requests: mpsc::UnboundedReceiver<oneshot::Sender<FlushResult>>,
+) {
+    let mut waiters = Vec::new();
+    while let Some(first) = requests.recv().await {
+        waiters.push(first);
+        while let Ok(next) = requests.try_recv() {
+            waiters.push(next);
+        }
+        let db = db.clone();
+        let result = tokio::task::spawn_blocking(move || flush(&db))
+            .await
+            .unwrap_or_else(|_| Err((io::ErrorKind::Other, "flush task failed".to_owned())));
+        for waiter in waiters.drain(..) {
+            let _ = waiter.send(result.clone());
+        }
+    }
+}
+
+fn status_key(status: PetStatus, id: i64) -> [u8; 9] {
+    let mut key = [0u8; 9];
+    key[0] = status as u8;
+    key[1..].copy_from_slice(&id.to_be_bytes());
+    key
+}
+
+fn id_of(key: &[u8]) -> i64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&key[..8]);
+    i64::from_be_bytes(bytes)
+}
+
+fn decode(id: i64, bytes: &[u8]) -> Result<Pet, StoreError> {
+    serde_json::from_slice(bytes).map_err(|source| StoreError::Corrupt { id, source })
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("mode", &self.mode).finish()
+    }
+}

@@ -1,0 +1,170 @@
+//! The wire types both Animal Store services share.
+//!
+//! Every error response, whether the gateway or the backend wrote it, carries the same JSON body
+//! `{"code": "...", "message": "...", "status": N}` (contract section 2). This crate is the one
+//! place that body and its codes are defined, so the two services cannot drift apart.
+
+use serde::{Deserialize, Serialize};
+
+/// The machine-readable error codes of the public contract, each tied to its HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// 400: the body is not valid JSON, or not a JSON object.
+    InvalidJson,
+    /// 400: a body field is missing, of the wrong type, out of range, or unknown.
+    ValidationFailed,
+    /// 400: a query or path parameter is malformed or out of range.
+    InvalidParameter,
+    /// 400: a request the gateway refuses to route (dot-segments, encoded slashes, NUL).
+    InvalidRequest,
+    /// 401: no, malformed, unknown or revoked bearer key.
+    Unauthorized,
+    /// 404: no such pet, or no route for the path.
+    NotFound,
+    /// 405: the path exists but not with this method.
+    MethodNotAllowed,
+    /// 410: a deprecated operation after its removal date.
+    Gone,
+    /// 413: the request body is over the limit.
+    PayloadTooLarge,
+    /// 415: a request body that is not `application/json`.
+    UnsupportedMediaType,
+    /// 429: the key's per-minute limit is spent.
+    RateLimited,
+    /// 429: the key's per-day quota is spent.
+    QuotaExceeded,
+    /// 429: the key is temporarily banned.
+    KeyBanned,
+    /// 429: this client address sent too many requests with bad keys.
+    TooManyAuthFailures,
+    /// 500: a fault of ours.
+    InternalError,
+    /// 502: the upstream could not be reached or answered garbage.
+    BadGateway,
+    /// 503: the service is shutting down, overloaded, or cannot write.
+    Unavailable,
+    /// 504: the upstream did not answer in time.
+    GatewayTimeout,
+}
+
+impl ErrorCode {
+    /// Every code, in contract order; used by tests and documentation checks.
+    pub const ALL: [ErrorCode; 18] = [
+        ErrorCode::InvalidJson,
+        ErrorCode::ValidationFailed,
+        ErrorCode::InvalidParameter,
+        ErrorCode::InvalidRequest,
+        ErrorCode::Unauthorized,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::Gone,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::UnsupportedMediaType,
+        ErrorCode::RateLimited,
+        ErrorCode::QuotaExceeded,
+        ErrorCode::KeyBanned,
+        ErrorCode::TooManyAuthFailures,
+        ErrorCode::InternalError,
+        ErrorCode::BadGateway,
+        ErrorCode::Unavailable,
+        ErrorCode::GatewayTimeout,
+    ];
+
+    /// The code as it appears in the `code` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::ValidationFailed => "validation_failed",
+            ErrorCode::InvalidParameter => "invalid_parameter",
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::Gone => "gone",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::KeyBanned => "key_banned",
+            ErrorCode::TooManyAuthFailures => "too_many_auth_failures",
+            ErrorCode::InternalError => "internal_error",
+            ErrorCode::BadGateway => "bad_gateway",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::GatewayTimeout => "gateway_timeout",
+        }
+    }
+
+    /// The HTTP status this code is always sent with.
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidJson
+            | ErrorCode::ValidationFailed
+            | ErrorCode::InvalidParameter
+            | ErrorCode::InvalidRequest => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::Gone => 410,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::UnsupportedMediaType => 415,
+            ErrorCode::RateLimited
+            | ErrorCode::QuotaExceeded
+            | ErrorCode::KeyBanned
+            | ErrorCode::TooManyAuthFailures => 429,
+            ErrorCode::InternalError => 500,
+            ErrorCode::BadGateway => 502,
+            ErrorCode::Unavailable => 503,
+            ErrorCode::GatewayTimeout => 504,
+        }
+    }
+}
+
+/// The JSON error body of the contract. Build it with [`ErrorBody::new`] so that `status` always
+/// matches the code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Machine-readable code, one of [`ErrorCode`].
+    pub code: String,
+    /// Human-readable description naming the field or parameter at fault; never internals.
+    pub message: String,
+    /// The HTTP status, equal to the response's status.
+    pub status: u16,
+}
+
+impl ErrorBody {
+    /// An error body for `code` with a message for people.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ErrorBody {
+            code: code.as_str().to_owned(),
+            message: message.into(),
+            status: code.status(),
+        }
+    }
+
+    /// The body serialized as JSON bytes.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing a struct of strings and an integer cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// The media type of every JSON body, errors included.
+pub const JSON_CONTENT_TYPE: &str = "application/json";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_status_matches_code_for_every_code() {
+        for code in ErrorCode::ALL {
+            let body = ErrorBody::new(code, "m");
+            assert_eq!(body.status, code.status());
+            assert_eq!(body.code, code.as_str());
+            let json: serde_json::Value = serde_json::from_slice(&body.to_json()).unwrap();
+            assert_eq!(json["status"], code.status());
+            assert_eq!(json["code"], code.as_str());
+            assert_eq!(json["message"], "m");
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The command line: one `animal-store` binary, its commands and the flags that override the
+//! configuration file. Doc comments here are the `--help` text.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Animal Store: the pets service and its API gateway.
+///
+/// With no command, runs the backend and the gateway together (`serve`).
+#[derive(Debug, Parser)]
+#[command(name = "animal-store", version)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Flags that override the configuration file.
+    #[command(flatten)]
+    pub overrides: Overrides,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the backend and the gateway together (the default).
+    Serve,
+    /// Run the backend alone.
+    Backend,
+    /// Run the gateway alone.
+    Gateway,
+    /// Issue, list and revoke API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Validate a configuration file and say what is wrong, with the line.
+    CheckConfig {
+        /// The file to check; defaults to --config.
+        file: Option<PathBuf>,
+    },
+}
+
+/// `keys` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Issue a key and print it, alone, on stdout. It is shown only this once.
+    Create {
+        /// Plan: free, pro, business or enterprise.
+        #[arg(long)]
+        plan: String,
+        /// A name to recognise the key by in `keys list`.
+        #[arg(long)]
+        name: Option<String>,
+        /// Requests per minute, overriding the plan (required for enterprise).
+        #[arg(long)]
+        per_minute: Option<u32>,
+        /// Requests per UTC day, overriding the plan (required for enterprise).
+        #[arg(long)]
+        per_day: Option<u32>,
+    },
+    /// One line per key: id, name, plan, limits, created, revoked. Never the key.
+    List,
+    /// Revoke a key, by its id or by the key itself.
+    Revoke {
+        /// The key id (as in `keys list`) or the full key.
+        id_or_key: String,
+    },
+}
+
+/// Flags accepted by every command where they apply; each overrides the configuration file.
+#[derive(Debug, Args)]
+pub struct Overrides {
+    /// The configuration file.
+    #[arg(long, global = true, default_value = "config/animal-store.toml")]
+    pub config: PathBuf,
+    /// Where the backend's sled database and the key store live [default: data].
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// The gateway's public listener (/v1/...) [default: 127.0.0.1:8080].
+    #[arg(long, global = true)]
+    pub listen: Option<SocketAddr>,
+    /// Where the backend listens; the gateway's `backend` upstream points here [default: 127.0.0.1:8081].
+    #[arg(long, global = true)]
+    pub backend_listen: Option<SocketAddr>,
+    /// The admin listener: /metrics, /healthz, /readyz [default: 127.0.0.1:9090].
+    #[arg(long, global = true)]
+    pub admin_listen: Option<SocketAddr>,
+}

@@ -1,0 +1,113 @@
+//! The configuration file: its serde shape, and loading it with the command line's overrides.
+//!
+//! Each service crate owns its section's types and validation; this module only composes them,
+//! so a typo, a wrong type or an out-of-range value fails at start with the line at fault.
+
+use std::path::{Path, PathBuf};
+
+use animal_store_backend::BackendConfig;
+use serde::Deserialize;
+
+use crate::cli::Overrides;
+
+/// Default data directory, relative to where the binary is started.
+pub const DEFAULT_DATA_DIR: &str = "data";
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// The backend's sled database and the key store live here.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    /// `[backend]`: the pets service.
+    #[serde(default)]
+    pub backend: BackendConfig,
+}
+
+fn default_data_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_DATA_DIR)
+}
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not fit the schema; the message names line and column.
+    #[error("{path}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong and where.
+        message: String,
+    },
+}
+
+/// Reads and validates `path`, without overrides (`check-config`).
+pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&text).map_err(|message| ConfigError::Invalid {
+        path: path.to_owned(),
+        message,
+    })
+}
+
+/// Parses configuration text; errors say the line and column.
+pub fn parse(text: &str) -> Result<FileConfig, String> {
+    toml::from_str(text).map_err(|e| describe(text, &e))
+}
+
+/// Renders a TOML error as `line L, column C: message` for a one-line log entry.
+fn describe(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim_end();
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {message}")
+        }
+        None => message.to_owned(),
+    }
+}
+
+/// Loads the file named by `--config` and applies the command line's overrides.
+pub fn load(overrides: &Overrides) -> Result<FileConfig, ConfigError> {
+    let mut config = read(&overrides.config)?;
+    if let Some(dir) = &overrides.data_dir {
+        config.data_dir = dir.clone();
+    }
+    if let Some(addr) = overrides.backend_listen {
+        config.backend.listen = addr;
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_configuration_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/animal-store.toml");
+        read(&path).expect("the shipped configuration is valid");
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let err = parse("data_dir = \"d\"\n[backend]\nmax_body_bytes = -1\n").unwrap_err();
+        assert!(err.starts_with("line 3"), "{err}");
+        let err = parse("[backend]\nlisten = \"127.0.0.1:1\"\nlistne = 3\n").unwrap_err();
+        assert!(err.starts_with("line 3") && err.contains("listne"), "{err}");
+    }
+}
