@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use animal_store_backend::BackendConfig;
+use animal_store_gateway::{GatewayConfig, Settings};
 use serde::Deserialize;
 
 use crate::cli::Overrides;
@@ -23,6 +24,16 @@ pub struct FileConfig {
     /// `[backend]`: the pets service.
     #[serde(default)]
     pub backend: BackendConfig,
+    /// `[gateway]`: the API gateway, its plans, bans and routes.
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+}
+
+impl FileConfig {
+    /// The gateway's validated settings; its `backend` upstream is where the backend listens.
+    pub fn gateway_settings(&self) -> Result<Settings, String> {
+        Settings::new(&self.gateway, self.backend.listen)
+    }
 }
 
 fn default_data_dir() -> PathBuf {
@@ -64,7 +75,10 @@ pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
 
 /// Parses configuration text; errors say the line and column.
 pub fn parse(text: &str) -> Result<FileConfig, String> {
-    toml::from_str(text).map_err(|e| describe(text, &e))
+    let config: FileConfig = toml::from_str(text).map_err(|e| describe(text, &e))?;
+    // What spans several keys is checked after parsing; the message names the key path.
+    config.gateway_settings()?;
+    Ok(config)
 }
 
 /// Renders a TOML error as `line L, column C: message` for a one-line log entry.
@@ -89,6 +103,12 @@ pub fn load(overrides: &Overrides) -> Result<FileConfig, ConfigError> {
     }
     if let Some(addr) = overrides.backend_listen {
         config.backend.listen = addr;
+    }
+    if let Some(addr) = overrides.listen {
+        config.gateway.listen = addr;
+    }
+    if let Some(addr) = overrides.admin_listen {
+        config.gateway.admin_listen = addr;
     }
     Ok(config)
 }

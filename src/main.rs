@@ -3,6 +3,7 @@
 
 mod cli;
 mod config;
+mod keys;
 mod run;
 
 use clap::Parser;
@@ -12,20 +13,23 @@ use cli::{Cli, Command};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Logging unless `RUST_LOG` says otherwise: info, with the per-request access log off.
+const DEFAULT_LOG: &str = "info,access=warn";
+
 fn main() -> anyhow::Result<()> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(DEFAULT_LOG)).init();
     let cli = Cli::parse();
-    let command = cli.command.unwrap_or(Command::Serve);
-    if let Command::CheckConfig { file } = &command {
-        let path = file.as_ref().unwrap_or(&cli.overrides.config);
-        config::read(path)?;
-        println!("{}: ok", path.display());
-        return Ok(());
-    }
-    let config = config::load(&cli.overrides)?;
-    match command {
-        Command::Serve | Command::Backend => run::backend(&config),
-        Command::Gateway | Command::Keys(_) => anyhow::bail!("not built yet"),
-        Command::CheckConfig { .. } => unreachable!("handled above"),
+    let overrides = &cli.overrides;
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => run::serve(&config::load(overrides)?),
+        Command::Backend => run::backend(&config::load(overrides)?),
+        Command::Gateway => run::gateway(&config::load(overrides)?),
+        Command::Keys(keys) => keys::run(keys, &config::load(overrides)?),
+        Command::CheckConfig { file } => {
+            let path = file.as_ref().unwrap_or(&overrides.config);
+            config::read(path)?;
+            println!("{}: ok", path.display());
+            Ok(())
+        }
     }
 }

@@ -1,35 +1,80 @@
 //! Running the services: runtimes, listeners and signals. The services themselves live in the
 //! `animal-store-backend` and `animal-store-gateway` crates.
 
+use std::thread::JoinHandle;
+
+use animal_store_gateway::{KeyStore, Settings};
 use anyhow::Context;
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 
 use crate::config::FileConfig;
 
 /// Resolves on SIGTERM or SIGINT: stop accepting, finish what is in flight, flush, exit 0.
-pub async fn shutdown_signal() {
+///
+/// The handlers are installed when this is called, not when the future is first polled, so a
+/// signal that arrives once the listeners are up is never met by the default action (death).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => log::info!("SIGTERM received: shutting down"),
-        _ = int.recv() => log::info!("SIGINT received: shutting down"),
+    async move {
+        tokio::select! {
+            _ = term.recv() => log::info!("SIGTERM received: shutting down"),
+            _ = int.recv() => log::info!("SIGINT received: shutting down"),
+        }
     }
 }
 
 /// `animal-store backend`: the pets service alone, until a signal.
 pub fn backend(config: &FileConfig) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(async {
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let signal = shutdown_signal();
         let listener = bind_backend(config).await?;
-        animal_store_backend::run(
-            &config.backend,
-            &config.data_dir,
-            listener,
-            shutdown_signal(),
-        )
-        .await
-        .with_context(|| format!("backend with data directory {}", config.data_dir.display()))
+        run_backend(config, listener, signal).await
+    })
+}
+
+/// `animal-store gateway`: the gateway alone, until a signal.
+pub fn gateway(config: &FileConfig) -> anyhow::Result<()> {
+    let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let signal = shutdown_signal();
+        let gateway = Gateway::start(settings, config);
+        tokio::select! {
+            () = signal => {}
+            result = gateway.ended() => return result,
+        }
+        gateway.stop().await
+    })
+}
+
+/// `animal-store serve`: backend and gateway in one process. On a signal the gateway stops
+/// first (finishing the requests it is proxying), then the backend, which flushes to disk.
+pub fn serve(config: &FileConfig) -> anyhow::Result<()> {
+    let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
+    issue_first_key(config, &settings)?;
+    tokio::runtime::Runtime::new()?.block_on(async {
+        let signal = shutdown_signal();
+        let listener = bind_backend(config).await?;
+        let (stop_backend, backend_stopped) = oneshot::channel::<()>();
+        let backend = run_backend(config, listener, async {
+            let _ = backend_stopped.await;
+        });
+        tokio::pin!(backend);
+        let gateway = Gateway::start(settings, config);
+        let early = tokio::select! {
+            () = signal => None,
+            result = &mut backend => Some(result.context("the backend stopped")),
+            result = gateway.ended() => Some(result.and_then(|()| anyhow::bail!("the gateway stopped"))),
+        };
+        let gateway_result = gateway.stop().await;
+        let _ = stop_backend.send(());
+        if let Some(result) = early {
+            return result;
+        }
+        backend.await?;
+        gateway_result
     })
 }
 
@@ -44,4 +89,77 @@ async fn bind_backend(config: &FileConfig) -> anyhow::Result<TcpListener> {
         })?;
     log::info!("backend listening on http://{}", listener.local_addr()?);
     Ok(listener)
+}
+
+async fn run_backend(
+    config: &FileConfig,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    animal_store_backend::run(&config.backend, &config.data_dir, listener, shutdown)
+        .await
+        .with_context(|| format!("backend with data directory {}", config.data_dir.display()))
+}
+
+/// The pingora server on its own thread, with the means to stop it and to notice it ended.
+struct Gateway {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<anyhow::Result<()>>>,
+    ended: tokio::sync::Mutex<oneshot::Receiver<()>>,
+}
+
+impl Gateway {
+    fn start(settings: Settings, config: &FileConfig) -> Gateway {
+        let (stop, stop_rx) = oneshot::channel();
+        let (ended_tx, ended) = oneshot::channel();
+        let data_dir = config.data_dir.clone();
+        let thread = std::thread::spawn(move || {
+            let result = animal_store_gateway::run(settings, &data_dir, stop_rx).context("gateway");
+            let _ = ended_tx.send(());
+            result
+        });
+        Gateway {
+            stop: Some(stop),
+            thread: Some(thread),
+            ended: tokio::sync::Mutex::new(ended),
+        }
+    }
+
+    /// Resolves if the gateway stops by itself (it failed to start).
+    async fn ended(&self) -> anyhow::Result<()> {
+        let _ = (&mut *self.ended.lock().await).await;
+        Ok(())
+    }
+
+    /// Asks for a graceful stop and waits for it.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let thread = self.thread.take().expect("joined once");
+        tokio::task::spawn_blocking(move || thread.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the gateway thread panicked"))?
+    }
+}
+
+/// On first start with an empty key store, issues one Free key and prints it with a ready
+/// `curl` line, so a newcomer can call the API at once. The key is never shown again.
+fn issue_first_key(config: &FileConfig, settings: &Settings) -> anyhow::Result<()> {
+    let store = KeyStore::new(&config.data_dir);
+    if !store.load()?.is_empty() {
+        return Ok(());
+    }
+    let (record, key) = store.create(
+        &settings.plans,
+        "free",
+        Some("first-run".to_owned()),
+        None,
+        None,
+    )?;
+    println!(
+        "No API keys yet, so one Free-plan key was issued (id {}). It is shown only this once:\n\n    {key}\n\nTry it:\n\n    curl -i -H 'Authorization: Bearer {key}' http://{}/v1/pets\n",
+        record.id, settings.listen
+    );
+    Ok(())
 }

@@ -1,0 +1,335 @@
+//! The `[gateway]` section of the configuration file, and its validation into [`Settings`].
+//!
+//! Types, ranges and unknown keys are checked by serde while parsing (so the TOML error carries
+//! the line); what spans several fields (route upstreams, prefixes, deprecation patterns) is
+//! checked by [`Settings::new`], whose errors name the key path, e.g. `gateway.routes[1].upstream`.
+
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::bans::BanPolicy;
+use crate::deprecation::{AfterSunset, Deprecation};
+use crate::plans::Plans;
+use crate::routes::{Route, Routes, normalize_path};
+
+/// Default public listener.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default admin listener (`/metrics`, `/healthz`, `/readyz`).
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
+/// Default request body limit: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
+/// Default time an upstream may take to answer.
+pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 10_000;
+/// Default time to establish an upstream connection.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// Default failed authentications per address and minute.
+pub const DEFAULT_AUTH_FAILURES_PER_MINUTE: u32 = 60;
+/// Default interval at which the key store file is checked for changes.
+pub const DEFAULT_KEY_REFRESH_MS: u64 = 500;
+/// The upstream name that means "the backend of this deployment" (`--backend-listen`).
+pub const BACKEND_UPSTREAM: &str = "backend";
+
+/// `[gateway]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GatewayConfig {
+    /// The public listener (`/v1/...`).
+    pub listen: SocketAddr,
+    /// `/metrics` (Prometheus), `/healthz`, `/readyz`.
+    pub admin_listen: SocketAddr,
+    /// Worker threads of the proxy.
+    pub threads: NonZeroUsize,
+    /// Request bodies over this many bytes get 413 without reaching an upstream.
+    pub max_body_bytes: u64,
+    /// Default time an upstream may take to answer before the client gets 504.
+    pub upstream_timeout_ms: NonZeroU64,
+    /// Time to establish an upstream connection before the client gets 502.
+    pub connect_timeout_ms: NonZeroU64,
+    /// Failed authentications per client address and minute before 429 `too_many_auth_failures`.
+    pub auth_failures_per_minute: NonZeroU32,
+    /// How often the key store is checked for changes; keys take effect within this time.
+    pub key_refresh_ms: NonZeroU64,
+    /// On SIGTERM, how long the gateway keeps serving before it stops (pingora's grace period).
+    pub shutdown_grace_seconds: u64,
+    /// Plans and their limits, `[gateway.plans.NAME]`.
+    pub plans: Plans,
+    /// `[gateway.bans]`.
+    pub bans: BansConfig,
+    /// `[[gateway.routes]]`: path prefixes and their upstreams.
+    pub routes: Vec<RouteConfig>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: DEFAULT_LISTEN.parse().expect("valid default"),
+            admin_listen: DEFAULT_ADMIN_LISTEN.parse().expect("valid default"),
+            threads: NonZeroUsize::new(2).expect("non-zero"),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            upstream_timeout_ms: NonZeroU64::new(DEFAULT_UPSTREAM_TIMEOUT_MS).expect("non-zero"),
+            connect_timeout_ms: NonZeroU64::new(DEFAULT_CONNECT_TIMEOUT_MS).expect("non-zero"),
+            auth_failures_per_minute: NonZeroU32::new(DEFAULT_AUTH_FAILURES_PER_MINUTE)
+                .expect("non-zero"),
+            key_refresh_ms: NonZeroU64::new(DEFAULT_KEY_REFRESH_MS).expect("non-zero"),
+            shutdown_grace_seconds: 1,
+            plans: Plans::defaults(),
+            bans: BansConfig::default(),
+            routes: vec![RouteConfig {
+                prefix: "/v1/pets".to_owned(),
+                upstream: BACKEND_UPSTREAM.to_owned(),
+                timeout_ms: None,
+                deprecations: Vec::new(),
+            }],
+        }
+    }
+}
+
+/// `[gateway.bans]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BansConfig {
+    /// Refusals (429) tolerated within one minute window; one more bans the key.
+    pub threshold: u32,
+    /// Length of a first ban, in seconds.
+    pub base_seconds: NonZeroU64,
+    /// Longest ban, in seconds.
+    pub max_seconds: NonZeroU64,
+    /// A ban within this many seconds of the previous one lasts twice as long.
+    pub repeat_window_seconds: u64,
+}
+
+impl Default for BansConfig {
+    fn default() -> Self {
+        let policy = BanPolicy::default();
+        BansConfig {
+            threshold: policy.threshold,
+            base_seconds: NonZeroU64::new(policy.base.as_secs()).expect("non-zero"),
+            max_seconds: NonZeroU64::new(policy.max.as_secs()).expect("non-zero"),
+            repeat_window_seconds: policy.repeat_window.as_secs(),
+        }
+    }
+}
+
+/// `[[gateway.routes]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Path prefix under `/v1`, e.g. `/v1/store/orders`; matched at segment boundaries.
+    pub prefix: String,
+    /// `backend` (this deployment's backend) or a `host:port` address.
+    pub upstream: String,
+    /// Overrides `gateway.upstream_timeout_ms` for this route.
+    pub timeout_ms: Option<NonZeroU64>,
+    /// Deprecated operations within this route.
+    #[serde(default)]
+    pub deprecations: Vec<DeprecationConfig>,
+}
+
+/// `[[gateway.routes.deprecations]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeprecationConfig {
+    /// The HTTP method, e.g. `GET`.
+    pub method: String,
+    /// Path pattern; `{name}` stands for one segment, e.g. `/v1/pets/{petId}`.
+    pub path: String,
+    /// When the operation was deprecated (RFC 3339, e.g. `2025-12-05T00:00:00Z`).
+    pub deprecated_at: String,
+    /// When it is removed (RFC 3339).
+    pub sunset: String,
+    /// The operation that replaces it, for `Link: rel="successor-version"`.
+    pub successor: Option<String>,
+    /// Documentation of the deprecation, for `Link: rel="deprecation"`.
+    pub documentation: Option<String>,
+    /// `gone` (answer 410 after the sunset, the default) or `forward`.
+    #[serde(default = "default_after_sunset")]
+    pub after_sunset: AfterSunset,
+}
+
+fn default_after_sunset() -> AfterSunset {
+    AfterSunset::Gone
+}
+
+/// Validated settings the gateway runs with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Public listener.
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin_listen: SocketAddr,
+    /// Proxy worker threads.
+    pub threads: usize,
+    /// Request body limit.
+    pub max_body_bytes: u64,
+    /// Upstream connect timeout.
+    pub connect_timeout: Duration,
+    /// Failure budget per address and minute.
+    pub auth_failures_per_minute: u32,
+    /// Key store refresh interval.
+    pub key_refresh: Duration,
+    /// Grace period on SIGTERM.
+    pub shutdown_grace_seconds: u64,
+    /// Plans.
+    pub plans: Plans,
+    /// Ban rules.
+    pub bans: BanPolicy,
+    /// Route table.
+    pub routes: Routes,
+}
+
+impl Settings {
+    /// Validates `config`; `backend` is where the `backend` upstream points.
+    pub fn new(config: &GatewayConfig, backend: SocketAddr) -> Result<Settings, String> {
+        for name in config.plans.0.keys() {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return Err(format!(
+                    "gateway.plans.{name}: plan names are lower-case letters, digits and `_`"
+                ));
+            }
+        }
+        if config.bans.max_seconds < config.bans.base_seconds {
+            return Err("gateway.bans.max_seconds must be at least base_seconds".to_owned());
+        }
+        let mut routes = Vec::with_capacity(config.routes.len());
+        for (i, route) in config.routes.iter().enumerate() {
+            routes.push(
+                route_settings(config, route, backend)
+                    .map_err(|e| format!("gateway.routes[{i}]{e}"))?,
+            );
+        }
+        let mut prefixes: Vec<&str> = routes.iter().map(|r: &Route| r.prefix.as_str()).collect();
+        prefixes.sort_unstable();
+        if let Some(dup) = prefixes.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("gateway.routes: prefix `{}` appears twice", dup[0]));
+        }
+        Ok(Settings {
+            listen: config.listen,
+            admin_listen: config.admin_listen,
+            threads: config.threads.get(),
+            max_body_bytes: config.max_body_bytes,
+            connect_timeout: Duration::from_millis(config.connect_timeout_ms.get()),
+            auth_failures_per_minute: config.auth_failures_per_minute.get(),
+            key_refresh: Duration::from_millis(config.key_refresh_ms.get()),
+            shutdown_grace_seconds: config.shutdown_grace_seconds,
+            plans: config.plans.clone(),
+            bans: BanPolicy {
+                threshold: config.bans.threshold,
+                base: Duration::from_secs(config.bans.base_seconds.get()),
+                max: Duration::from_secs(config.bans.max_seconds.get()),
+                repeat_window: Duration::from_secs(config.bans.repeat_window_seconds),
+            },
+            routes: Routes::new(routes),
+        })
+    }
+}
+
+fn route_settings(
+    config: &GatewayConfig,
+    route: &RouteConfig,
+    backend: SocketAddr,
+) -> Result<Route, String> {
+    let prefix = &route.prefix;
+    let normal = normalize_path(prefix).map_err(|e| format!(".prefix: {}", e.message()))?;
+    if normal != prefix.as_str() || !prefix.starts_with("/v1/") || prefix.ends_with('/') {
+        return Err(format!(
+            ".prefix: `{prefix}` must be a plain path under /v1/ without a trailing slash"
+        ));
+    }
+    let upstream = if route.upstream == BACKEND_UPSTREAM {
+        backend
+    } else {
+        route.upstream.parse().map_err(|_| {
+            format!(
+                ".upstream: `{}` is neither `backend` nor an address like 127.0.0.1:9000",
+                route.upstream
+            )
+        })?
+    };
+    let timeout = route.timeout_ms.unwrap_or(config.upstream_timeout_ms);
+    let mut deprecations = Vec::with_capacity(route.deprecations.len());
+    for (j, d) in route.deprecations.iter().enumerate() {
+        let at = |what: &str, value: &str| {
+            humantime::parse_rfc3339(value)
+                .map(|t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()))
+                .map_err(|_| format!(".deprecations[{j}].{what}: `{value}` is not an RFC 3339 UTC time like 2030-12-05T00:00:00Z"))
+        };
+        let pattern_ok =
+            d.path == route.prefix || d.path.starts_with(&format!("{}/", route.prefix));
+        if !pattern_ok {
+            return Err(format!(
+                ".deprecations[{j}].path: `{}` is not under the route's prefix `{prefix}`",
+                d.path
+            ));
+        }
+        if http::Method::from_bytes(d.method.as_bytes()).is_err() {
+            return Err(format!(
+                ".deprecations[{j}].method: `{}` is not an HTTP method",
+                d.method
+            ));
+        }
+        let deprecation = Deprecation::new(
+            &d.method,
+            &d.path,
+            at("deprecated_at", &d.deprecated_at)?,
+            at("sunset", &d.sunset)?,
+            d.successor.as_deref(),
+            d.documentation.as_deref(),
+            d.after_sunset,
+        )
+        .map_err(|e| format!(".deprecations[{j}]: {e}"))?;
+        deprecations.push(Arc::new(deprecation));
+    }
+    Ok(Route {
+        prefix: prefix.clone(),
+        upstream,
+        timeout: Duration::from_millis(timeout.get()),
+        deprecations,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(toml_text: &str) -> Result<Settings, String> {
+        let config: GatewayConfig = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        Settings::new(&config, "127.0.0.1:8081".parse().unwrap())
+    }
+
+    #[test]
+    fn defaults_route_pets_to_the_backend() {
+        let s = settings("").unwrap();
+        assert_eq!(s.routes.find("/v1/pets/1").unwrap().upstream.port(), 8081);
+    }
+
+    #[test]
+    fn route_errors_name_the_key() {
+        let err =
+            settings("[[routes]]\nprefix = \"/v1/orders\"\nupstream = \"nowhere\"\n").unwrap_err();
+        assert!(err.starts_with("gateway.routes[0].upstream"), "{err}");
+        let err =
+            settings("[[routes]]\nprefix = \"/v1/../x\"\nupstream = \"backend\"\n").unwrap_err();
+        assert!(err.starts_with("gateway.routes[0].prefix"), "{err}");
+        let err = settings(
+            "[[routes]]\nprefix = \"/v1/pets\"\nupstream = \"backend\"\n[[routes.deprecations]]\nmethod = \"GET\"\npath = \"/v1/pets/{id}\"\ndeprecated_at = \"yesterday\"\nsunset = \"2030-12-05T00:00:00Z\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("gateway.routes[0].deprecations[0].deprecated_at"),
+            "{err}"
+        );
+        let err = settings("[bans]\nbase_seconds = 0\n").unwrap_err();
+        assert!(
+            err.contains("base_seconds") || err.contains("zero"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,71 @@
+//! The gateway's own answers: one error type and the one helper that writes it, with the
+//! contract's JSON body and every header a response of the public listener must carry.
+
+use animal_store_contract::{ErrorBody, ErrorCode, JSON_CONTENT_TYPE};
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora_proxy::Session;
+
+use crate::headers;
+use crate::proxy::Ctx;
+
+/// An answer the gateway gives itself instead of (or after failing at) forwarding.
+#[derive(Debug, Clone)]
+pub struct GatewayError {
+    /// The contract code; it fixes the status.
+    pub code: ErrorCode,
+    /// A sentence for people: names what is wrong, never internals or the key.
+    pub message: String,
+    /// `Retry-After`, in whole seconds, for 429.
+    pub retry_after: Option<u64>,
+}
+
+impl GatewayError {
+    /// An error with `code` and `message`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> GatewayError {
+        GatewayError {
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// The same error with a `Retry-After`.
+    pub fn retry_after(mut self, seconds: Option<u64>) -> GatewayError {
+        self.retry_after = seconds;
+        self
+    }
+}
+
+/// Writes `error` as the complete response, with the rate-limit, request-id and (on a
+/// deprecated operation) deprecation headers from `ctx`. Records the status in `ctx`.
+pub async fn respond(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    error: GatewayError,
+) -> pingora::Result<()> {
+    let status = error.code.status();
+    let body = Bytes::from(ErrorBody::new(error.code, error.message).to_json());
+    let mut response = ResponseHeader::build(status, Some(10))?;
+    response.insert_header("Content-Type", JSON_CONTENT_TYPE)?;
+    response.insert_header("Content-Length", body.len())?;
+    if error.code == ErrorCode::Unauthorized {
+        response.insert_header("WWW-Authenticate", "Bearer")?;
+    }
+    if let Some(seconds) = error.retry_after {
+        response.insert_header("Retry-After", seconds)?;
+    }
+    headers::decorate(
+        &mut response,
+        ctx.rate.as_ref(),
+        &ctx.request_id,
+        ctx.deprecation.as_deref(),
+        ctx.now_ms,
+    )?;
+    ctx.status = status;
+    ctx.error_code = Some(error.code);
+    session
+        .write_response_header(Box::new(response), false)
+        .await?;
+    session.write_response_body(Some(body), true).await
+}

@@ -1,0 +1,99 @@
+//! The headers on every response of the public listener: `X-RateLimit-*`, the IETF draft
+//! `RateLimit-Policy` and `RateLimit` fields, `X-Request-Id`, and a deprecated operation's
+//! `Deprecation`, `Sunset` and `Link`. One function decorates proxied responses and the
+//! gateway's own alike, so they cannot differ.
+
+use http::HeaderValue;
+use pingora::http::ResponseHeader;
+
+use crate::auth::Budget;
+use crate::deprecation::Deprecation;
+use crate::limits::{Decision, ceil_secs};
+use crate::plans::Limits;
+
+/// What a response says about the caller's limits.
+#[derive(Debug, Clone)]
+pub struct RateHeaders {
+    /// Draft policy name of the window described (`minute`, `day`, `failed-auth`).
+    pub name: &'static str,
+    /// `X-RateLimit-Limit`.
+    pub limit: u32,
+    /// `X-RateLimit-Remaining`.
+    pub remaining: u32,
+    /// Reset, Unix milliseconds.
+    pub reset_ms: u64,
+    /// `RateLimit-Policy`, rendered once per key.
+    pub policy: HeaderValue,
+}
+
+impl RateHeaders {
+    /// For a key's request, from the limiter's decision.
+    pub fn for_key(decision: &Decision, policy: &HeaderValue) -> RateHeaders {
+        RateHeaders {
+            name: decision.quota.name,
+            limit: decision.quota.limit,
+            remaining: decision.quota.remaining,
+            reset_ms: decision.quota.reset_ms,
+            policy: policy.clone(),
+        }
+    }
+
+    /// For an unauthenticated request: the client address's failed-authentication budget.
+    pub fn for_address(budget: &Budget, policy: &HeaderValue) -> RateHeaders {
+        RateHeaders {
+            name: FAILED_AUTH,
+            limit: budget.limit,
+            remaining: budget.remaining,
+            reset_ms: budget.reset_ms,
+            policy: policy.clone(),
+        }
+    }
+}
+
+/// Draft policy name of the failed-authentication budget.
+pub const FAILED_AUTH: &str = "failed-auth";
+
+/// The `RateLimit-Policy` value for a key with `limits`.
+pub fn key_policy(limits: Limits) -> HeaderValue {
+    let text = format!(
+        "\"minute\";q={};w=60, \"day\";q={};w=86400",
+        limits.per_minute, limits.per_day
+    );
+    HeaderValue::try_from(text).expect("digits and quotes are valid header text")
+}
+
+/// The `RateLimit-Policy` value for the failed-authentication budget.
+pub fn address_policy(per_minute: u32) -> HeaderValue {
+    HeaderValue::try_from(format!("\"{FAILED_AUTH}\";q={per_minute};w=60"))
+        .expect("valid header text")
+}
+
+/// Adds the limit, identity and deprecation headers to `response`.
+pub fn decorate(
+    response: &mut ResponseHeader,
+    rate: Option<&RateHeaders>,
+    request_id: &str,
+    deprecation: Option<&Deprecation>,
+    now_ms: u64,
+) -> pingora::Result<()> {
+    if let Some(rate) = rate {
+        response.insert_header("X-RateLimit-Limit", rate.limit)?;
+        response.insert_header("X-RateLimit-Remaining", rate.remaining)?;
+        response.insert_header("X-RateLimit-Reset", ceil_secs(rate.reset_ms))?;
+        response.insert_header("RateLimit-Policy", rate.policy.clone())?;
+        let seconds_left = ceil_secs(rate.reset_ms.saturating_sub(now_ms));
+        response.insert_header(
+            "RateLimit",
+            format!("\"{}\";r={};t={seconds_left}", rate.name, rate.remaining),
+        )?;
+    }
+    response.insert_header("X-Request-Id", request_id)?;
+    if let Some(d) = deprecation {
+        response.insert_header("Deprecation", d.deprecation_header.clone())?;
+        response.insert_header("Sunset", d.sunset_header.clone())?;
+        for link in &d.links {
+            response.append_header("Link", link.clone())?;
+        }
+    }
+    Ok(())
+}

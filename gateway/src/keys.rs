@@ -1,0 +1,419 @@
+//! API keys and the key store file.
+//!
+//! A key reads `as_<id>_<secret>`: `id` is 16 hex digits (64 random bits) and safe to log; the
+//! secret is 64 hex digits (256 random bits). Only the SHA-256 of the whole key is stored, and
+//! the comparison is constant-time. With 256 bits of entropy a salted slow hash adds nothing: no
+//! one can enumerate the key space.
+//!
+//! The store is one JSON file in the data directory, rewritten atomically (temporary file, fsync,
+//! rename) under an exclusive lock, so concurrent `keys` commands cannot lose each other's writes
+//! and a running gateway never reads a half-written file.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::plans::{Limits, Plans};
+
+/// File name of the key store inside the data directory.
+pub const KEYS_FILE: &str = "keys.json";
+const PREFIX: &str = "as_";
+const ID_BYTES: usize = 8;
+const SECRET_BYTES: usize = 32;
+
+/// Why a key operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The store file could not be read or written.
+    #[error("key store {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The store file is not what we write.
+    #[error("key store {path} is damaged: {message}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What does not parse.
+        message: String,
+    },
+    /// No key has this id (or this key).
+    #[error("no key {0}")]
+    NotFound(String),
+    /// The plan is unknown or incomplete without overrides.
+    #[error("{0}")]
+    Plan(String),
+    /// The operating system's random source failed.
+    #[error("no randomness available: {0}")]
+    Random(String),
+}
+
+/// A key's public id: 64 random bits, shown as 16 hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyId(pub u64);
+
+impl std::fmt::Display for KeyId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl KeyId {
+    /// Parses 16 lowercase or uppercase hex digits.
+    pub fn parse(s: &str) -> Option<KeyId> {
+        (s.len() == ID_BYTES * 2 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| u64::from_str_radix(s, 16).ok().map(KeyId))
+            .flatten()
+    }
+}
+
+/// The id part of a well-formed key, or `None` when the text cannot be one of ours.
+pub fn id_of_key(key: &str) -> Option<KeyId> {
+    let rest = key.strip_prefix(PREFIX)?;
+    let (id, secret) = rest.split_once('_')?;
+    let secret_ok =
+        secret.len() == SECRET_BYTES * 2 && secret.bytes().all(|b| b.is_ascii_hexdigit());
+    if secret_ok { KeyId::parse(id) } else { None }
+}
+
+/// SHA-256 of the key, as stored.
+pub fn hash_key(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// A new random key and its id.
+pub fn generate() -> Result<(KeyId, String), KeyError> {
+    let mut bytes = [0u8; ID_BYTES + SECRET_BYTES];
+    getrandom::fill(&mut bytes).map_err(|e| KeyError::Random(e.to_string()))?;
+    let id = KeyId(u64::from_be_bytes(
+        bytes[..ID_BYTES].try_into().expect("8 bytes"),
+    ));
+    let key = format!("{PREFIX}{id}_{}", hex::encode(&bytes[ID_BYTES..]));
+    Ok((id, key))
+}
+
+/// One key as stored: never the key itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyRecord {
+    /// The public id, 16 hex digits.
+    pub id: String,
+    /// A name to recognise the key by.
+    pub name: Option<String>,
+    /// The plan whose limits apply unless overridden.
+    pub plan: String,
+    /// Per-minute override.
+    pub per_minute: Option<u32>,
+    /// Per-day override.
+    pub per_day: Option<u32>,
+    /// SHA-256 of the key, hex.
+    pub sha256: String,
+    /// Unix seconds at creation.
+    pub created: u64,
+    /// Unix seconds at revocation, if revoked.
+    pub revoked: Option<u64>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoreFile {
+    version: u32,
+    keys: Vec<KeyRecord>,
+}
+
+/// The key store file in a data directory.
+#[derive(Debug, Clone)]
+pub struct KeyStore {
+    path: PathBuf,
+}
+
+impl KeyStore {
+    /// The store in `data_dir` (the file need not exist yet).
+    pub fn new(data_dir: &Path) -> KeyStore {
+        KeyStore {
+            path: data_dir.join(KEYS_FILE),
+        }
+    }
+
+    /// Where the store lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every record, revoked ones included; empty when the file does not exist.
+    pub fn load(&self) -> Result<Vec<KeyRecord>, KeyError> {
+        let text = match fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(self.io(source)),
+        };
+        let file: StoreFile = serde_json::from_str(&text).map_err(|e| KeyError::Corrupt {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(file.keys)
+    }
+
+    /// Issues a key on `plan` with optional overrides; returns the record and the key, which is
+    /// never stored and cannot be shown again.
+    pub fn create(
+        &self,
+        plans: &Plans,
+        plan: &str,
+        name: Option<String>,
+        per_minute: Option<u32>,
+        per_day: Option<u32>,
+    ) -> Result<(KeyRecord, String), KeyError> {
+        plans
+            .resolve(plan, per_minute, per_day)
+            .map_err(KeyError::Plan)?;
+        let (id, key) = generate()?;
+        let record = KeyRecord {
+            id: id.to_string(),
+            name,
+            plan: plan.to_owned(),
+            per_minute,
+            per_day,
+            sha256: hex::encode(hash_key(&key)),
+            created: unix_now(),
+            revoked: None,
+        };
+        self.update(|keys| {
+            keys.push(record.clone());
+            Ok(())
+        })?;
+        Ok((record, key))
+    }
+
+    /// Revokes by id or by the key itself; returns the revoked record.
+    pub fn revoke(&self, id_or_key: &str) -> Result<KeyRecord, KeyError> {
+        let (id, hash) = match id_of_key(id_or_key) {
+            Some(id) => (id.to_string(), Some(hex::encode(hash_key(id_or_key)))),
+            None => (id_or_key.to_ascii_lowercase(), None),
+        };
+        // Never echo a full key back, not even in an error.
+        let shown =
+            KeyId::parse(&id).map_or_else(|| "with that id".to_owned(), |id| id.to_string());
+        let mut revoked = None;
+        self.update(|keys| {
+            let record = keys
+                .iter_mut()
+                .find(|r| r.id == id && hash.as_ref().is_none_or(|h| *h == r.sha256))
+                .ok_or_else(|| KeyError::NotFound(shown.clone()))?;
+            record.revoked.get_or_insert_with(unix_now);
+            revoked = Some(record.clone());
+            Ok(())
+        })?;
+        Ok(revoked.expect("set by the update"))
+    }
+
+    /// Read-modify-write under an exclusive lock, replacing the file atomically.
+    fn update(
+        &self,
+        change: impl FnOnce(&mut Vec<KeyRecord>) -> Result<(), KeyError>,
+    ) -> Result<(), KeyError> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        fs::create_dir_all(dir).map_err(|e| self.io(e))?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.path.with_extension("lock"))
+            .map_err(|e| self.io(e))?;
+        lock.lock().map_err(|e| self.io(e))?;
+        let mut keys = self.load()?;
+        change(&mut keys)?;
+        let text =
+            serde_json::to_vec_pretty(&StoreFile { version: 1, keys }).expect("records serialize");
+        let tmp = self.path.with_extension("json.tmp");
+        let mut file = File::create(&tmp).map_err(|e| self.io(e))?;
+        file.write_all(&text)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| self.io(e))?;
+        fs::rename(&tmp, &self.path).map_err(|e| self.io(e))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| self.io(e))?;
+        Ok(())
+    }
+
+    fn io(&self, source: std::io::Error) -> KeyError {
+        KeyError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+/// A usable key, as the gateway holds it in memory.
+#[derive(Debug)]
+pub struct ActiveKey {
+    /// Public id.
+    pub id: KeyId,
+    /// Plan name, forwarded to upstreams.
+    pub plan: String,
+    /// Effective limits (plan or override).
+    pub limits: Limits,
+    /// `RateLimit-Policy` for these limits, rendered once.
+    pub policy: http::HeaderValue,
+    sha256: [u8; 32],
+}
+
+/// The keys the gateway accepts: unrevoked records whose plan resolves, indexed by id.
+#[derive(Debug, Default)]
+pub struct KeySet {
+    by_id: HashMap<KeyId, Arc<ActiveKey>>,
+}
+
+impl KeySet {
+    /// Builds the set from records; keys that cannot be used are skipped with a warning that
+    /// names the key id only.
+    pub fn build(records: &[KeyRecord], plans: &Plans) -> KeySet {
+        let mut by_id = HashMap::with_capacity(records.len());
+        for record in records.iter().filter(|r| r.revoked.is_none()) {
+            let Some(id) = KeyId::parse(&record.id) else {
+                log::warn!("key store: skipping a record with a malformed id");
+                continue;
+            };
+            let mut sha256 = [0u8; 32];
+            if hex::decode_to_slice(&record.sha256, &mut sha256).is_err() {
+                log::warn!("key store: skipping key {id}: malformed hash");
+                continue;
+            }
+            match plans.resolve(&record.plan, record.per_minute, record.per_day) {
+                Ok(limits) => {
+                    let policy = crate::headers::key_policy(limits);
+                    let key = ActiveKey {
+                        id,
+                        plan: record.plan.clone(),
+                        limits,
+                        policy,
+                        sha256,
+                    };
+                    by_id.insert(id, Arc::new(key));
+                }
+                Err(why) => log::warn!("key store: skipping key {id}: {why}"),
+            }
+        }
+        KeySet { by_id }
+    }
+
+    /// The key matching `presented`, compared in constant time; `None` if unknown or revoked.
+    pub fn find(&self, presented: &str) -> Option<&Arc<ActiveKey>> {
+        let key = self.by_id.get(&id_of_key(presented)?)?;
+        bool::from(hash_key(presented).ct_eq(&key.sha256)).then_some(key)
+    }
+
+    /// How many keys are usable.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether no key is usable.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn plans() -> Plans {
+        Plans::defaults()
+    }
+
+    #[test]
+    fn generated_keys_parse_and_are_distinct() {
+        let (id1, k1) = generate().unwrap();
+        let (id2, k2) = generate().unwrap();
+        assert_ne!(k1, k2);
+        assert_eq!(id_of_key(&k1), Some(id1));
+        assert_eq!(id_of_key(&k2), Some(id2));
+        assert_eq!(k1.len(), 3 + 16 + 1 + 64);
+    }
+
+    #[test]
+    fn create_find_revoke_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = KeyStore::new(dir.path());
+        let (record, key) = store
+            .create(&plans(), "free", Some("ci".into()), None, None)
+            .unwrap();
+        let text = fs::read_to_string(store.path()).unwrap();
+        assert!(!text.contains(&key), "the key itself is never stored");
+        let set = KeySet::build(&store.load().unwrap(), &plans());
+        let found = set.find(&key).expect("the new key is accepted");
+        assert_eq!(found.id.to_string(), record.id);
+        assert_eq!(
+            found.limits,
+            Limits {
+                per_minute: 60,
+                per_day: 1000
+            }
+        );
+        // A key with the right id but another secret is refused.
+        let forged = format!(
+            "{}{}",
+            &key[..key.len() - 1],
+            if key.ends_with('0') { '1' } else { '0' }
+        );
+        assert!(set.find(&forged).is_none());
+
+        store.revoke(&key).unwrap();
+        assert!(
+            KeySet::build(&store.load().unwrap(), &plans())
+                .find(&key)
+                .is_none()
+        );
+        assert!(matches!(
+            store.revoke("0000000000000000"),
+            Err(KeyError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn enterprise_needs_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = KeyStore::new(dir.path());
+        assert!(matches!(
+            store.create(&plans(), "enterprise", None, None, None),
+            Err(KeyError::Plan(_))
+        ));
+        assert!(matches!(
+            store.create(&plans(), "gold", None, None, None),
+            Err(KeyError::Plan(_))
+        ));
+        let (record, _) = store
+            .create(&plans(), "enterprise", None, Some(5000), Some(1_000_000))
+            .unwrap();
+        assert_eq!(record.per_minute, Some(5000));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_text_never_panics_the_key_parser(s in ".{0,120}") {
+            let _ = id_of_key(&s);
+            let set = KeySet::default();
+            prop_assert!(set.find(&s).is_none());
+        }
+    }
+}

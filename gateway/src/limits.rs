@@ -1,0 +1,367 @@
+//! Exact per-key limits: a minute window and a UTC-day quota, checked and counted under one
+//! lock per key, so no interleaving of concurrent requests admits more than the limit.
+//!
+//! The minute window starts at the key's first request after the previous window ended; the
+//! day window is the UTC calendar day. Refused requests do not count against either, but they
+//! count towards a ban (see [`crate::bans`]). `now` is a parameter: tests walk window edges and
+//! day boundaries without sleeping.
+
+use dashmap::DashMap;
+
+use crate::bans::{BanPolicy, BanState};
+use crate::keys::KeyId;
+use crate::plans::Limits;
+
+/// Length of the minute window, in milliseconds.
+pub const MINUTE_MS: u64 = 60_000;
+/// Length of a UTC day, in milliseconds.
+pub const DAY_MS: u64 = 86_400_000;
+
+/// What happened to a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Counted and let through.
+    Admitted,
+    /// The minute window is spent.
+    RateLimited,
+    /// The day quota is spent.
+    QuotaExceeded,
+    /// The key is banned.
+    Banned,
+}
+
+/// The window a response describes: the one with the fewest requests remaining (the minute
+/// window on ties), or the ban.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// `"minute"` or `"day"`: the policy name in the draft `RateLimit` header.
+    pub name: &'static str,
+    /// That window's limit.
+    pub limit: u32,
+    /// Requests left in it (0 while banned).
+    pub remaining: u32,
+    /// Unix milliseconds at which it resets (or the ban ends).
+    pub reset_ms: u64,
+}
+
+/// The limiter's answer for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Admitted or why not.
+    pub verdict: Verdict,
+    /// What the rate-limit headers describe.
+    pub quota: Quota,
+}
+
+impl Decision {
+    /// Whole seconds until a retry can be admitted (at least 1); only for refusals.
+    pub fn retry_after_secs(&self, now_ms: u64) -> Option<u64> {
+        (self.verdict != Verdict::Admitted)
+            .then(|| ceil_secs(self.quota.reset_ms.saturating_sub(now_ms)).max(1))
+    }
+}
+
+/// Milliseconds rounded up to whole seconds.
+pub fn ceil_secs(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+#[derive(Debug, Default)]
+struct KeyState {
+    minute_start_ms: Option<u64>,
+    minute_count: u32,
+    refused_in_window: u32,
+    day: u64,
+    day_count: u32,
+    ban: BanState,
+}
+
+/// Counters for every key that has made a request. Memory grows only with valid keys: a request
+/// reaches the limiter only after its key was found in the key store.
+#[derive(Debug, Default)]
+pub struct Limiter {
+    states: DashMap<KeyId, KeyState>,
+    bans: BanPolicy,
+}
+
+impl Limiter {
+    /// A limiter applying `bans`.
+    pub fn new(bans: BanPolicy) -> Limiter {
+        Limiter {
+            states: DashMap::new(),
+            bans,
+        }
+    }
+
+    /// Checks and, if admitted, counts one request of `key` at `now_ms` (Unix milliseconds).
+    pub fn check(&self, key: KeyId, limits: Limits, now_ms: u64) -> Decision {
+        let mut state = self.states.entry(key).or_default();
+        let state = &mut *state;
+        if let Some(until) = state.ban.active_until(now_ms) {
+            return banned(limits, until);
+        }
+        if state
+            .minute_start_ms
+            .is_none_or(|start| now_ms >= start + MINUTE_MS)
+        {
+            state.minute_start_ms = Some(now_ms);
+            state.minute_count = 0;
+            state.refused_in_window = 0;
+        }
+        let today = now_ms / DAY_MS;
+        if state.day != today {
+            state.day = today;
+            state.day_count = 0;
+        }
+        let minute_start = state.minute_start_ms.unwrap_or(now_ms);
+        let minute_left = limits.per_minute.saturating_sub(state.minute_count);
+        let day_left = limits.per_day.saturating_sub(state.day_count);
+        let verdict = if minute_left > 0 && day_left > 0 {
+            state.minute_count += 1;
+            state.day_count += 1;
+            Verdict::Admitted
+        } else {
+            state.refused_in_window += 1;
+            if state.refused_in_window > self.bans.threshold {
+                state.refused_in_window = 0;
+                let until = state.ban.impose(&self.bans, now_ms);
+                return banned(limits, until);
+            }
+            // When both are spent, the day is the longer wait.
+            if day_left == 0 {
+                Verdict::QuotaExceeded
+            } else {
+                Verdict::RateLimited
+            }
+        };
+        let minute = Quota {
+            name: "minute",
+            limit: limits.per_minute,
+            remaining: limits.per_minute.saturating_sub(state.minute_count),
+            reset_ms: minute_start + MINUTE_MS,
+        };
+        let day = Quota {
+            name: "day",
+            limit: limits.per_day,
+            remaining: limits.per_day.saturating_sub(state.day_count),
+            reset_ms: (today + 1) * DAY_MS,
+        };
+        let quota = match verdict {
+            Verdict::QuotaExceeded => day,
+            Verdict::RateLimited => minute,
+            _ if day.remaining < minute.remaining => day,
+            _ => minute,
+        };
+        Decision { verdict, quota }
+    }
+}
+
+fn banned(limits: Limits, until_ms: u64) -> Decision {
+    Decision {
+        verdict: Verdict::Banned,
+        quota: Quota {
+            name: "minute",
+            limit: limits.per_minute,
+            remaining: 0,
+            reset_ms: until_ms,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    const FREE: Limits = Limits {
+        per_minute: 60,
+        per_day: 1000,
+    };
+    const K: KeyId = KeyId(7);
+    /// 2026-11-22T10:00:00Z, well inside a UTC day.
+    const T0: u64 = 1_795_341_600_000;
+
+    #[test]
+    fn counts_down_then_refuses_and_reopens_at_the_window_end() {
+        let l = Limiter::default();
+        for i in 0..60 {
+            let d = l.check(K, FREE, T0 + i * 10);
+            assert_eq!(d.verdict, Verdict::Admitted);
+            assert_eq!(d.quota.remaining, 59 - i as u32);
+            assert_eq!(
+                d.quota.reset_ms,
+                T0 + MINUTE_MS,
+                "the window starts at the first request"
+            );
+        }
+        let d = l.check(K, FREE, T0 + 30_000);
+        assert_eq!(d.verdict, Verdict::RateLimited);
+        assert_eq!(d.quota.remaining, 0);
+        assert_eq!(d.retry_after_secs(T0 + 30_000), Some(30));
+        // A retry after Retry-After seconds is admitted.
+        assert_eq!(
+            l.check(K, FREE, T0 + 30_000 + 30_000).verdict,
+            Verdict::Admitted
+        );
+    }
+
+    #[test]
+    fn refusals_do_not_count_and_the_window_is_not_clock_aligned() {
+        let l = Limiter::default();
+        let start = T0 + 12_345;
+        for _ in 0..60 {
+            l.check(K, FREE, start);
+        }
+        for _ in 0..5 {
+            assert_eq!(l.check(K, FREE, start + 1).verdict, Verdict::RateLimited);
+        }
+        assert_eq!(
+            l.check(K, FREE, start + MINUTE_MS - 1).verdict,
+            Verdict::RateLimited
+        );
+        let d = l.check(K, FREE, start + MINUTE_MS);
+        assert_eq!((d.verdict, d.quota.remaining), (Verdict::Admitted, 59));
+        assert_eq!(d.quota.reset_ms, start + 2 * MINUTE_MS);
+    }
+
+    #[test]
+    fn day_quota_resets_at_utc_midnight() {
+        let limits = Limits {
+            per_minute: 1000,
+            per_day: 3,
+        };
+        let l = Limiter::default();
+        let midnight = (T0 / DAY_MS + 1) * DAY_MS;
+        let late = midnight - 90_000;
+        for remaining in [2, 1, 0] {
+            let d = l.check(K, limits, late);
+            assert_eq!(
+                (d.verdict, d.quota.name, d.quota.remaining),
+                (Verdict::Admitted, "day", remaining)
+            );
+            assert_eq!(d.quota.reset_ms, midnight);
+        }
+        let d = l.check(K, limits, late + 1000);
+        assert_eq!(d.verdict, Verdict::QuotaExceeded);
+        assert_eq!(
+            d.retry_after_secs(late + 1000),
+            Some(89),
+            "Retry-After runs to UTC midnight"
+        );
+        assert_eq!(
+            l.check(K, limits, midnight - 1).verdict,
+            Verdict::QuotaExceeded
+        );
+        let d = l.check(K, limits, midnight);
+        assert_eq!((d.verdict, d.quota.remaining), (Verdict::Admitted, 2));
+    }
+
+    #[test]
+    fn headers_describe_the_window_with_fewest_remaining_minute_on_ties() {
+        let l = Limiter::default();
+        let limits = Limits {
+            per_minute: 5,
+            per_day: 5,
+        };
+        let d = l.check(K, limits, T0);
+        assert_eq!((d.quota.name, d.quota.remaining), ("minute", 4));
+        let limits = Limits {
+            per_minute: 10,
+            per_day: 5,
+        };
+        let d = l.check(KeyId(8), limits, T0);
+        assert_eq!(
+            (d.quota.name, d.quota.remaining, d.quota.limit),
+            ("day", 4, 5)
+        );
+    }
+
+    #[test]
+    fn eleven_refusals_in_one_window_ban_the_key_and_others_are_unaffected() {
+        let l = Limiter::default();
+        let limits = Limits {
+            per_minute: 2,
+            per_day: 100,
+        };
+        l.check(K, limits, T0);
+        l.check(K, limits, T0);
+        for _ in 0..10 {
+            assert_eq!(l.check(K, limits, T0 + 1).verdict, Verdict::RateLimited);
+        }
+        let d = l.check(K, limits, T0 + 2);
+        assert_eq!(d.verdict, Verdict::Banned);
+        assert_eq!(d.quota.reset_ms, T0 + 2 + 15 * MINUTE_MS);
+        assert_eq!(d.retry_after_secs(T0 + 2), Some(900));
+        assert_eq!(
+            l.check(K, limits, T0 + 14 * MINUTE_MS).verdict,
+            Verdict::Banned
+        );
+        assert_eq!(
+            l.check(KeyId(99), limits, T0 + 3).verdict,
+            Verdict::Admitted
+        );
+        assert_eq!(
+            l.check(K, limits, T0 + 2 + 15 * MINUTE_MS).verdict,
+            Verdict::Admitted
+        );
+    }
+
+    #[test]
+    fn concurrent_requests_never_exceed_the_limit() {
+        let l = Arc::new(Limiter::default());
+        let admitted: u32 = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    let l = l.clone();
+                    s.spawn(move || {
+                        (0..50)
+                            .filter(|_| l.check(K, FREE, T0).verdict == Verdict::Admitted)
+                            .count() as u32
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 60);
+    }
+
+    proptest! {
+        /// Whatever the arrival times, no minute window admits more than its limit and no UTC
+        /// day more than its quota.
+        #[test]
+        fn never_more_admitted_than_the_limits(
+            gaps in proptest::collection::vec(0u64..40_000, 1..400),
+            per_minute in 1u32..20,
+            per_day in 1u32..60,
+        ) {
+            let limits = Limits { per_minute, per_day };
+            let l = Limiter::new(BanPolicy { threshold: u32::MAX, ..BanPolicy::default() });
+            let mut now = T0 - 3_600_000 * 2 + 7;
+            // (time, admitted) for every request; windows are recomputed independently below.
+            let mut requests = Vec::new();
+            for gap in gaps {
+                now += gap;
+                let d = l.check(K, limits, now);
+                requests.push((now, d.verdict == Verdict::Admitted));
+                if let Some(retry) = d.retry_after_secs(now) {
+                    prop_assert!(retry >= 1);
+                }
+            }
+            let mut window_start = None::<u64>;
+            let mut in_window = 0;
+            for &(t, admitted) in &requests {
+                if window_start.is_none_or(|s| t >= s + MINUTE_MS) {
+                    window_start = Some(t);
+                    in_window = 0;
+                }
+                in_window += u32::from(admitted);
+                prop_assert!(in_window <= per_minute);
+            }
+            for &(t, _) in &requests {
+                let in_day = requests.iter().filter(|&&(u, a)| a && u / DAY_MS == t / DAY_MS).count();
+                prop_assert!(in_day as u32 <= per_day);
+            }
+        }
+    }
+}

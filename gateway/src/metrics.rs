@@ -1,0 +1,75 @@
+//! Prometheus metrics of the gateway, served on the admin listener's `/metrics`.
+
+use once_cell::sync::Lazy;
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// The registry the admin listener renders.
+static REGISTRY: Lazy<Registry> = Lazy::new(Registry::new);
+
+fn register<T: prometheus::core::Collector + Clone + 'static>(metric: T) -> T {
+    REGISTRY
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique");
+    metric
+}
+
+/// Responses by status and outcome (`proxied` or the contract's error code).
+pub static RESPONSES: Lazy<IntCounterVec> = Lazy::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "gateway_responses_total",
+                "Responses of the public listener by status and outcome",
+            ),
+            &["status", "outcome"],
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Time from request to the end of the response.
+pub static DURATION: Lazy<Histogram> = Lazy::new(|| {
+    register(
+        Histogram::with_opts(
+            HistogramOpts::new(
+                "gateway_request_duration_seconds",
+                "Time to answer a request",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+            ]),
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Usable keys in the key store.
+pub static ACTIVE_KEYS: Lazy<IntGauge> = Lazy::new(|| {
+    register(IntGauge::new("gateway_active_keys", "Usable API keys loaded").expect("valid metric"))
+});
+
+/// Key store reloads that failed (the previous key set stays in use).
+pub static KEY_RELOAD_FAILURES: Lazy<IntGauge> = Lazy::new(|| {
+    register(
+        IntGauge::new(
+            "gateway_key_reload_failures",
+            "Failed key store reloads since start",
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// The text exposition of every metric.
+pub fn render() -> Vec<u8> {
+    Lazy::force(&RESPONSES);
+    Lazy::force(&DURATION);
+    Lazy::force(&ACTIVE_KEYS);
+    Lazy::force(&KEY_RELOAD_FAILURES);
+    let mut out = Vec::new();
+    TextEncoder::new()
+        .encode(&REGISTRY.gather(), &mut out)
+        .expect("encoding to a Vec cannot fail");
+    out
+}

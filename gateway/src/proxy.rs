@@ -1,0 +1,460 @@
+//! The proxy: orchestrates pingora's phases; every decision is made by the modules it calls.
+//!
+//! ```text
+//! request_filter          path normalized (400) → route looked up → key checked (401 / 429
+//!                         too_many_auth_failures) → limits (429) → no route (404) →
+//!                         past sunset (410) → declared body too large (413)
+//! request_body_filter     streamed body too large (413)
+//! upstream_peer           the route's upstream, with its timeouts
+//! upstream_request_filter drop Authorization and hop-by-hop headers; add X-Request-Id,
+//!                         X-Forwarded-For, X-Api-Key-Id, X-Api-Plan
+//! response_filter         rate-limit, request-id and deprecation headers
+//! fail_to_proxy           upstream unreachable → 502, too slow → 504 (JSON, same headers)
+//! logging                 metrics and the access log (key id only, never the key)
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use animal_store_contract::ErrorCode;
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::HeaderValue;
+use once_cell::sync::Lazy;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::HttpPeer;
+use pingora::{Error, ErrorSource, ErrorType, Result};
+use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+
+use crate::auth::{FailureBudget, authorize};
+use crate::config::Settings;
+use crate::deprecation::Deprecation;
+use crate::errors::{GatewayError, respond};
+use crate::headers::{self, RateHeaders};
+use crate::keyring::Keyring;
+use crate::keys::ActiveKey;
+use crate::limits::{Limiter, Verdict, ceil_secs};
+use crate::metrics;
+use crate::routes::{Route, normalize_path};
+
+/// Pooled upstream connections are dropped after this long idle, well before a typical
+/// upstream's own keep-alive timeout, so the gateway never writes into a connection the
+/// upstream has just closed.
+const UPSTREAM_IDLE: Duration = Duration::from_secs(30);
+/// Request headers that describe one hop and must not be forwarded.
+const HOP_BY_HOP: [&str; 6] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "proxy-authorization",
+];
+
+/// Per-request state, from the first phase to `logging`.
+pub struct Ctx {
+    /// Returned to the client and forwarded upstream.
+    pub request_id: String,
+    /// Unix milliseconds when the request was decided on.
+    pub now_ms: u64,
+    /// What the response says about the caller's limits.
+    pub rate: Option<RateHeaders>,
+    /// Set on a deprecated operation.
+    pub deprecation: Option<Arc<Deprecation>>,
+    /// Status of the gateway's own answer, for logging.
+    pub status: u16,
+    /// Code of the gateway's own error answer, for metrics.
+    pub error_code: Option<ErrorCode>,
+    key: Option<Arc<ActiveKey>>,
+    route: Option<Arc<Route>>,
+    body_bytes: u64,
+    started: Instant,
+}
+
+/// The gateway's state shared by all requests.
+pub struct Gateway {
+    settings: Arc<Settings>,
+    keys: Arc<Keyring>,
+    limiter: Limiter,
+    failures: FailureBudget,
+    address_policy: HeaderValue,
+}
+
+impl Gateway {
+    /// A gateway with `settings`, reading keys from `keys`.
+    pub fn new(settings: Arc<Settings>, keys: Arc<Keyring>) -> Gateway {
+        Gateway {
+            limiter: Limiter::new(settings.bans),
+            failures: FailureBudget::new(settings.auth_failures_per_minute),
+            address_policy: headers::address_policy(settings.auth_failures_per_minute),
+            settings,
+            keys,
+        }
+    }
+
+    /// Every decision before forwarding; `Err` is the answer to send instead.
+    fn admit(&self, session: &mut Session, ctx: &mut Ctx) -> std::result::Result<(), GatewayError> {
+        ctx.now_ms = unix_ms();
+        let now = ctx.now_ms;
+        let ip = client_ip(session);
+        if let Err(e) = self.normalize(session) {
+            ctx.rate = Some(RateHeaders::for_address(
+                &self.failures.peek(ip, now),
+                &self.address_policy,
+            ));
+            return Err(GatewayError::new(ErrorCode::InvalidRequest, e));
+        }
+        let request = session.req_header();
+        let path = request.uri.path();
+        let route = self.settings.routes.find(path).cloned();
+        ctx.deprecation = route
+            .as_ref()
+            .and_then(|r| r.deprecation(request.method.as_str(), path))
+            .cloned();
+
+        let authorization = request
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
+        let key = match authorize(authorization, &self.keys.current()) {
+            Ok(key) => key,
+            Err(failure) => {
+                let budget = self.failures.fail(ip, now);
+                ctx.rate = Some(RateHeaders::for_address(&budget, &self.address_policy));
+                if budget.exhausted {
+                    let wait = ceil_secs(budget.reset_ms.saturating_sub(now)).max(1);
+                    return Err(GatewayError::new(
+                        ErrorCode::TooManyAuthFailures,
+                        format!("too many requests with missing or invalid keys from this address; retry in {wait} s"),
+                    )
+                    .retry_after(Some(wait)));
+                }
+                return Err(GatewayError::new(
+                    ErrorCode::Unauthorized,
+                    failure.message(),
+                ));
+            }
+        };
+
+        let decision = self.limiter.check(key.id, key.limits, now);
+        ctx.rate = Some(RateHeaders::for_key(&decision, &key.policy));
+        let retry = decision.retry_after_secs(now);
+        let wait = retry.unwrap_or(1);
+        let refusal = match decision.verdict {
+            Verdict::Admitted => None,
+            Verdict::RateLimited => Some((
+                ErrorCode::RateLimited,
+                format!(
+                    "this key's limit of {} requests per minute is spent; retry in {wait} s",
+                    key.limits.per_minute
+                ),
+            )),
+            Verdict::QuotaExceeded => Some((
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "this key's quota of {} requests per day is spent; it resets at 00:00 UTC, in {wait} s",
+                    key.limits.per_day
+                ),
+            )),
+            Verdict::Banned => Some((
+                ErrorCode::KeyBanned,
+                format!(
+                    "this key is banned for repeated requests over its limit; retry in {wait} s"
+                ),
+            )),
+        };
+        ctx.key = Some(key);
+        if let Some((code, message)) = refusal {
+            return Err(GatewayError::new(code, message).retry_after(retry));
+        }
+
+        let route = route
+            .ok_or_else(|| GatewayError::new(ErrorCode::NotFound, "no route for this path"))?;
+        if let Some(d) = ctx.deprecation.as_ref().filter(|d| d.is_gone(now / 1000)) {
+            let sunset = d.sunset_header.to_str().unwrap_or("its sunset date");
+            return Err(GatewayError::new(
+                ErrorCode::Gone,
+                format!(
+                    "this operation was removed on {sunset}; see the Link header for its successor"
+                ),
+            ));
+        }
+        ctx.route = Some(route);
+        let declared = session
+            .req_header()
+            .headers
+            .get(http::header::CONTENT_LENGTH);
+        let declared = declared
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > self.settings.max_body_bytes) {
+            return Err(self.too_large());
+        }
+        Ok(())
+    }
+
+    /// Rewrites the request path to its one normalized form, or says why it has none.
+    fn normalize(&self, session: &mut Session) -> std::result::Result<(), &'static str> {
+        let uri = &session.req_header().uri;
+        let rewritten = match normalize_path(uri.path()).map_err(|e| e.message())? {
+            std::borrow::Cow::Borrowed(_) => return Ok(()),
+            std::borrow::Cow::Owned(path) => match uri.query() {
+                Some(query) => format!("{path}?{query}"),
+                None => path,
+            },
+        };
+        let uri = http::Uri::try_from(rewritten).map_err(|_| "the request target is malformed")?;
+        session.req_header_mut().set_uri(uri);
+        Ok(())
+    }
+
+    fn too_large(&self) -> GatewayError {
+        GatewayError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "the request body is larger than {} bytes",
+                self.settings.max_body_bytes
+            ),
+        )
+    }
+}
+
+static REQUEST_IDS: Lazy<(u32, AtomicU64)> = Lazy::new(|| {
+    let mut seed = [0u8; 4];
+    let _ = getrandom::fill(&mut seed);
+    (u32::from_be_bytes(seed), AtomicU64::new(0))
+});
+
+/// A request id unique within this process and, with its random prefix, across restarts.
+fn next_request_id() -> String {
+    let (prefix, counter) = &*REQUEST_IDS;
+    format!(
+        "{prefix:08x}{:016x}",
+        counter.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn client_ip(session: &Session) -> IpAddr {
+    session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip())
+}
+
+/// The contract's answer for an error pingora raised while proxying.
+fn classify(e: &Error) -> Option<GatewayError> {
+    use ErrorType::*;
+    let error = match (e.etype(), e.esource()) {
+        (HTTPStatus(413), _) => {
+            GatewayError::new(ErrorCode::PayloadTooLarge, "the request body is too large")
+        }
+        (ReadTimedout | WriteTimedout, ErrorSource::Upstream) => GatewayError::new(
+            ErrorCode::GatewayTimeout,
+            "the upstream service did not answer in time",
+        ),
+        (_, ErrorSource::Upstream) => GatewayError::new(
+            ErrorCode::BadGateway,
+            "the upstream service could not be reached or answered badly",
+        ),
+        // The client went away: nobody to answer.
+        (ReadError | WriteError | ConnectionClosed, ErrorSource::Downstream) => return None,
+        (ReadTimedout, ErrorSource::Downstream) => return None,
+        (_, ErrorSource::Downstream) => {
+            GatewayError::new(ErrorCode::InvalidRequest, "the request could not be read")
+        }
+        _ => GatewayError::new(ErrorCode::InternalError, "an internal error occurred"),
+    };
+    Some(error)
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx {
+            request_id: next_request_id(),
+            now_ms: 0,
+            rate: None,
+            deprecation: None,
+            status: 0,
+            error_code: None,
+            key: None,
+            route: None,
+            body_bytes: 0,
+            started: Instant::now(),
+        }
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        match self.admit(session, ctx) {
+            Ok(()) => Ok(false),
+            Err(error) => {
+                respond(session, ctx, error).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
+        if ctx.body_bytes > self.settings.max_body_bytes {
+            return Error::e_explain(ErrorType::HTTPStatus(413), "request body over the limit");
+        }
+        Ok(())
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut Ctx) -> Result<Box<HttpPeer>> {
+        let Some(route) = &ctx.route else {
+            return Error::e_explain(ErrorType::InternalError, "no route chosen");
+        };
+        let mut peer = HttpPeer::new(route.upstream, false, String::new());
+        peer.options.connection_timeout = Some(self.settings.connect_timeout);
+        peer.options.read_timeout = Some(route.timeout);
+        peer.options.write_timeout = Some(route.timeout);
+        peer.options.idle_timeout = Some(UPSTREAM_IDLE);
+        Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let listed: Vec<String> = upstream
+            .headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|name| name.trim().to_ascii_lowercase())
+            .filter(|name| !name.is_empty() && name != "close" && name != "keep-alive")
+            .collect();
+        for name in listed.iter().map(String::as_str).chain(HOP_BY_HOP) {
+            upstream.remove_header(name);
+        }
+        upstream.remove_header(&http::header::AUTHORIZATION);
+        upstream.insert_header("X-Request-Id", &ctx.request_id)?;
+        let ip = client_ip(session).to_string();
+        let forwarded = match upstream
+            .headers
+            .get("X-Forwarded-For")
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(earlier) => format!("{earlier}, {ip}"),
+            None => ip,
+        };
+        upstream.insert_header("X-Forwarded-For", forwarded)?;
+        if let Some(key) = &ctx.key {
+            upstream.insert_header("X-Api-Key-Id", key.id.to_string())?;
+            upstream.insert_header("X-Api-Plan", &key.plan)?;
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        response: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        headers::decorate(
+            response,
+            ctx.rate.as_ref(),
+            &ctx.request_id,
+            ctx.deprecation.as_deref(),
+            ctx.now_ms,
+        )
+    }
+
+    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        let answer = classify(e);
+        if let Some(error) = &answer {
+            if error.code == ErrorCode::InternalError {
+                log::error!("request {}: {e}", ctx.request_id);
+            } else {
+                log::warn!("request {}: {}: {e}", ctx.request_id, error.code.as_str());
+            }
+        }
+        let mut code = 0;
+        if let Some(error) = answer
+            && session.response_written().is_none()
+        {
+            code = error.code.status();
+            if let Err(write_error) = respond(session, ctx, error).await {
+                log::debug!(
+                    "request {}: could not send the error: {write_error}",
+                    ctx.request_id
+                );
+            }
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+        let status = session
+            .response_written()
+            .map_or(ctx.status, |r| r.status.as_u16());
+        let outcome = ctx.error_code.map_or("proxied", ErrorCode::as_str);
+        metrics::RESPONSES
+            .with_label_values(&[status_label(status), outcome])
+            .inc();
+        metrics::DURATION.observe(ctx.started.elapsed().as_secs_f64());
+        if log::log_enabled!(target: "access", log::Level::Info) {
+            let request = session.req_header();
+            let key = ctx
+                .key
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), |k| k.id.to_string());
+            log::info!(
+                target: "access",
+                "{} {} {} {status} key={key} id={} {:.1}ms",
+                client_ip(session),
+                request.method,
+                request.uri.path(),
+                ctx.request_id,
+                ctx.started.elapsed().as_secs_f64() * 1000.0
+            );
+        }
+    }
+}
+
+/// Status as a label without allocating for the common ones.
+fn status_label(status: u16) -> &'static str {
+    match status {
+        200 => "200",
+        201 => "201",
+        400 => "400",
+        401 => "401",
+        404 => "404",
+        405 => "405",
+        410 => "410",
+        413 => "413",
+        415 => "415",
+        429 => "429",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        0 => "none",
+        _ => "other",
+    }
+}

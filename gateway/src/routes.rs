@@ -1,0 +1,247 @@
+//! Routes: which upstream serves a path, decided on exactly the path that is forwarded.
+//!
+//! [`normalize_path`] first turns the request path into one unambiguous form or refuses it:
+//! percent-encoded unreserved characters are decoded (`%70ets` is `pets`), and anything that
+//! different servers could read differently (dot-segments, encoded `/` or `\`, NUL, empty
+//! segments, broken escapes) is refused. Routing, limits, deprecation and forwarding then all
+//! use that one form.
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::deprecation::Deprecation;
+
+/// Why a path was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathError {
+    /// Not an absolute path (`*`, an absolute URI, empty).
+    NotAbsolute,
+    /// `.` or `..` as a segment, literally or percent-encoded.
+    DotSegment,
+    /// `%2F`, `%5C` or a literal backslash: a separator in disguise.
+    EncodedSeparator,
+    /// NUL, literally or as `%00`, or another control character.
+    ControlCharacter,
+    /// `//`: an empty segment.
+    EmptySegment,
+    /// `%` not followed by two hex digits.
+    BadEscape,
+}
+
+impl PathError {
+    /// A sentence for the error body.
+    pub fn message(self) -> &'static str {
+        match self {
+            PathError::NotAbsolute => "the request target must be an absolute path",
+            PathError::DotSegment => "the path must not contain `.` or `..` segments",
+            PathError::EncodedSeparator => {
+                "the path must not contain encoded `/` or `\\`, or a backslash"
+            }
+            PathError::ControlCharacter => "the path must not contain NUL or control characters",
+            PathError::EmptySegment => "the path must not contain empty segments (`//`)",
+            PathError::BadEscape => "the path contains a malformed percent-escape",
+        }
+    }
+}
+
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+/// The one form of `path` that the gateway decides on and forwards, or why there is none.
+pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
+    let bytes = path.as_bytes();
+    if bytes.first() != Some(&b'/') {
+        return Err(PathError::NotAbsolute);
+    }
+    let mut out: Option<Vec<u8>> = None;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        let (decoded, width) = if b == b'%' {
+            let hi = bytes.get(i + 1).copied().and_then(hex_value);
+            let lo = bytes.get(i + 2).copied().and_then(hex_value);
+            let (Some(hi), Some(lo)) = (hi, lo) else {
+                return Err(PathError::BadEscape);
+            };
+            (Some(hi * 16 + lo), 3)
+        } else {
+            (None, 1)
+        };
+        match decoded {
+            Some(b'/' | b'\\') => return Err(PathError::EncodedSeparator),
+            Some(c) if c.is_ascii_control() => return Err(PathError::ControlCharacter),
+            Some(c) if is_unreserved(c) => {
+                out.get_or_insert_with(|| bytes[..i].to_vec()).push(c);
+            }
+            Some(_) => {
+                if let Some(out) = out.as_mut() {
+                    out.extend_from_slice(&bytes[i..i + 3]);
+                }
+            }
+            None if b == b'\\' => return Err(PathError::EncodedSeparator),
+            None if b.is_ascii_control() => return Err(PathError::ControlCharacter),
+            None => {
+                if let Some(out) = out.as_mut() {
+                    out.push(b);
+                }
+            }
+        }
+        i += width;
+    }
+    let normalized = match out {
+        // Only ASCII was decoded into `out`, and the rest is copied from a `str`.
+        Some(out) => Cow::Owned(String::from_utf8(out).map_err(|_| PathError::BadEscape)?),
+        None => Cow::Borrowed(path),
+    };
+    if normalized.contains("//") {
+        return Err(PathError::EmptySegment);
+    }
+    if normalized
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
+    {
+        return Err(PathError::DotSegment);
+    }
+    Ok(normalized)
+}
+
+/// Where a route's requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Path prefix under `/v1`, matched at segment boundaries.
+    pub prefix: String,
+    /// The upstream's address.
+    pub upstream: SocketAddr,
+    /// How long the upstream may take to answer before the client gets 504.
+    pub timeout: Duration,
+    /// Deprecated operations within the route.
+    pub deprecations: Vec<Arc<Deprecation>>,
+}
+
+impl Route {
+    /// Whether `path` (normalized) falls under this route.
+    pub fn matches(&self, path: &str) -> bool {
+        path.strip_prefix(self.prefix.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+
+    /// The deprecation that applies to `method` on `path`, if any.
+    pub fn deprecation(&self, method: &str, path: &str) -> Option<&Arc<Deprecation>> {
+        self.deprecations.iter().find(|d| d.applies(method, path))
+    }
+}
+
+/// The route table: the longest matching prefix wins.
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    routes: Vec<Arc<Route>>,
+}
+
+impl Routes {
+    /// A table of `routes`, in any order.
+    pub fn new(mut routes: Vec<Route>) -> Routes {
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        Routes {
+            routes: routes.into_iter().map(Arc::new).collect(),
+        }
+    }
+
+    /// The route for a normalized path.
+    pub fn find(&self, path: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|r| r.matches(path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn normalization_table() {
+        use PathError::*;
+        let cases: &[(&str, Result<&str, PathError>)] = &[
+            ("/v1/pets", Ok("/v1/pets")),
+            ("/v1/pets/12", Ok("/v1/pets/12")),
+            ("/v1/%70ets", Ok("/v1/pets")),
+            ("/v1/pets/%31", Ok("/v1/pets/1")),
+            ("/v1/pets/a%20b", Ok("/v1/pets/a%20b")),
+            ("/v1/pets/", Ok("/v1/pets/")),
+            ("/", Ok("/")),
+            ("/v1/../admin", Err(DotSegment)),
+            ("/v1/./pets", Err(DotSegment)),
+            ("/v1/pets/..", Err(DotSegment)),
+            ("/v1/%2e%2E/admin", Err(DotSegment)),
+            ("/v1/.%2e/admin", Err(DotSegment)),
+            ("/v1/pets%2F1", Err(EncodedSeparator)),
+            ("/v1/pets%2f1", Err(EncodedSeparator)),
+            ("/v1/pets%5C1", Err(EncodedSeparator)),
+            ("/v1/pets\\1", Err(EncodedSeparator)),
+            ("/v1/pets%00", Err(ControlCharacter)),
+            ("/v1/pets\0", Err(ControlCharacter)),
+            ("/v1//pets", Err(EmptySegment)),
+            ("/v1/pets%", Err(BadEscape)),
+            ("/v1/pets%zz", Err(BadEscape)),
+            ("v1/pets", Err(NotAbsolute)),
+            ("*", Err(NotAbsolute)),
+            ("/v1/pets/..%2f", Err(EncodedSeparator)),
+            ("/v1/pets/...", Ok("/v1/pets/...")),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                normalize_path(input).as_deref().map_err(|e| *e),
+                *want,
+                "{input}"
+            );
+        }
+    }
+
+    #[test]
+    fn longest_prefix_wins_at_segment_boundaries() {
+        let route = |prefix: &str, port: u16| Route {
+            prefix: prefix.to_owned(),
+            upstream: SocketAddr::from(([127, 0, 0, 1], port)),
+            timeout: Duration::from_secs(1),
+            deprecations: Vec::new(),
+        };
+        let routes = Routes::new(vec![
+            route("/v1/store", 1),
+            route("/v1/store/orders", 2),
+            route("/v1/pets", 3),
+        ]);
+        let port = |path: &str| routes.find(path).map(|r| r.upstream.port());
+        assert_eq!(port("/v1/pets"), Some(3));
+        assert_eq!(port("/v1/pets/4"), Some(3));
+        assert_eq!(port("/v1/petsx"), None);
+        assert_eq!(port("/v1/store/orders/9"), Some(2));
+        assert_eq!(port("/v1/store/inventory"), Some(1));
+        assert_eq!(port("/v2/pets"), None);
+    }
+
+    proptest! {
+        /// Whatever comes in, the output is refused or has no ambiguity left, and normalizing
+        /// it again changes nothing.
+        #[test]
+        fn normalized_paths_are_unambiguous_and_stable(path in "/[a-zA-Z0-9%./\\\\_~-]{0,40}") {
+            if let Ok(norm) = normalize_path(&path) {
+                prop_assert!(!norm.contains("\\"));
+                prop_assert!(!norm.to_ascii_lowercase().contains("%2f"));
+                prop_assert!(!norm.split('/').any(|s| s == "." || s == ".."));
+                let again = normalize_path(&norm).map(|c| c.into_owned());
+                prop_assert_eq!(again.as_deref(), Ok(&*norm));
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(path in "\\PC{0,60}") {
+            let _ = normalize_path(&path);
+        }
+    }
+}
