@@ -396,6 +396,9 @@ impl ProxyHttp for Gateway {
             && session.response_written().is_none()
         {
             code = error.code.status();
+            // pingora will not reuse this connection; say so, or the client sends its next
+            // request into a closed socket.
+            session.set_keepalive(None);
             if let Err(write_error) = respond(session, ctx, error).await {
                 log::debug!(
                     "request {}: could not send the error: {write_error}",

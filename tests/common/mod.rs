@@ -165,3 +165,288 @@ pub async fn assert_error(
     );
     body
 }
+
+/// Runs `animal-store ARGS` to completion; returns (exit code, stdout, stderr).
+pub fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run animal-store");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The pets route of the shipped configuration, deprecation included.
+pub const PETS_ROUTE: &str = r#"
+[[gateway.routes]]
+prefix = "/v1/pets"
+upstream = "backend"
+
+[[gateway.routes.deprecations]]
+method = "GET"
+path = "/v1/pets/{petId}"
+deprecated_at = "2025-12-05T00:00:00Z"
+sunset = "2030-12-05T00:00:00Z"
+successor = "/v1/pets"
+documentation = "https://github.com/animal-store/animal-store#deprecations"
+"#;
+
+/// Backend and gateway together (`animal-store serve`) on ephemeral ports.
+pub struct Stack {
+    pub proc: Proc,
+    pub listen: SocketAddr,
+    pub backend: SocketAddr,
+    pub admin: SocketAddr,
+    pub data_dir: PathBuf,
+    pub config: PathBuf,
+}
+
+impl Stack {
+    /// A stack over a fresh data directory in `dir`, with the shipped configuration.
+    pub fn start(dir: &Path) -> Stack {
+        Self::start_with(dir, &shipped_config())
+    }
+
+    /// A stack whose configuration is the shipped one's `[backend]` defaults plus `gateway_toml`
+    /// (which holds `[gateway]` keys first, then any tables).
+    pub fn start_with_text(dir: &Path, gateway_toml: &str) -> Stack {
+        let config = dir.join("test-config.toml");
+        std::fs::write(
+            &config,
+            format!("[gateway]\nkey_refresh_ms = 200\n{gateway_toml}"),
+        )
+        .unwrap();
+        Self::start_with(dir, &config)
+    }
+
+    pub fn start_with(dir: &Path, config: &Path) -> Stack {
+        let data_dir = dir.join("data");
+        // Issue a key first, so that `serve` does not print a first-run key.
+        Self::key_in(&data_dir, config, &["--plan", "pro", "--name", "setup"]);
+        Self::launch(dir, data_dir, config)
+    }
+
+    /// `serve` over `data_dir` exactly as it is (an empty one gets a first-run key).
+    pub fn launch(dir: &Path, data_dir: PathBuf, config: &Path) -> Stack {
+        let (listen, backend, admin) = (free_addr(), free_addr(), free_addr());
+        let mut proc = Proc::start(
+            &[
+                "serve",
+                "--config",
+                config.to_str().unwrap(),
+                "--data-dir",
+                data_dir.to_str().unwrap(),
+                "--listen",
+                &listen.to_string(),
+                "--backend-listen",
+                &backend.to_string(),
+                "--admin-listen",
+                &admin.to_string(),
+            ],
+            dir.join(format!("serve-{}.log", listen.port())),
+        );
+        wait_for_port(listen, &mut proc.child);
+        wait_for_port(admin, &mut proc.child);
+        wait_for_port(backend, &mut proc.child);
+        Stack {
+            proc,
+            listen,
+            backend,
+            admin,
+            data_dir,
+            config: config.to_owned(),
+        }
+    }
+
+    fn key_in(data_dir: &Path, config: &Path, args: &[&str]) -> String {
+        let mut all = vec![
+            "keys",
+            "create",
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        let (code, stdout, stderr) = cli(&all);
+        assert_eq!(code, 0, "keys create failed: {stderr}");
+        stdout.trim().to_owned()
+    }
+
+    /// Issues a key with `keys create ARGS` and waits until the running gateway uses it.
+    pub fn key(&self, args: &[&str]) -> String {
+        let key = Self::key_in(&self.data_dir, &self.config, args);
+        self.wait_keys_loaded();
+        key
+    }
+
+    /// Waits until the gateway's `gateway_active_keys` equals the unrevoked keys in the store;
+    /// reads only the admin listener, so no limit or budget is spent.
+    pub fn wait_keys_loaded(&self) {
+        let (_, list, _) = self.keys_cli(&["list"]);
+        let want = format!(
+            "gateway_active_keys {}\n",
+            list.lines().filter(|l| l.contains("revoked=-")).count()
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let (_, _, body) = raw_http(
+                self.admin,
+                b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            );
+            if body.contains(&want) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the gateway did not load the new key within 10 s");
+    }
+
+    /// Runs `animal-store keys ARGS` against this stack's data directory.
+    pub fn keys_cli(&self, args: &[&str]) -> (i32, String, String) {
+        let mut all = vec!["keys"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&[
+            "--config",
+            self.config.to_str().unwrap(),
+            "--data-dir",
+            self.data_dir.to_str().unwrap(),
+        ]);
+        cli(&all)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.listen, path)
+    }
+}
+
+/// A key's public id: the part between `as_` and the secret.
+pub fn key_id(key: &str) -> &str {
+    &key[3..19]
+}
+
+/// Sends `request` verbatim over a fresh connection and reads the whole answer.
+/// Returns (status, lower-cased headers, body).
+pub fn raw_http(addr: SocketAddr, request: &[u8]) -> (u16, Vec<(String, String)>, String) {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream.write_all(request).unwrap();
+    let mut buf = Vec::new();
+    let _ = stream.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers, body.to_owned())
+}
+
+/// The value of a header in a `raw_http` answer.
+pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// A tiny upstream for routing tests: answers every request with 200 and a JSON echo of its
+/// path and headers, after an optional delay; counts the requests it saw.
+pub struct TestUpstream {
+    pub addr: SocketAddr,
+    pub hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl TestUpstream {
+    pub async fn start(delay: Duration) -> TestUpstream {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = hits.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let mut stream = BufReader::new(stream);
+                    loop {
+                        let mut request_line = String::new();
+                        if stream.read_line(&mut request_line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let mut headers = serde_json::Map::new();
+                        let mut length = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let line = line.trim_end();
+                            if line.is_empty() {
+                                break;
+                            }
+                            if let Some((n, v)) = line.split_once(':') {
+                                let n = n.trim().to_ascii_lowercase();
+                                if n == "content-length" {
+                                    length = v.trim().parse().unwrap_or(0);
+                                }
+                                headers.insert(n, serde_json::Value::String(v.trim().to_owned()));
+                            }
+                        }
+                        let mut body = vec![0u8; length];
+                        if stream.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(delay).await;
+                        let path = request_line.split(' ').nth(1).unwrap_or("").to_owned();
+                        let echo =
+                            serde_json::json!({"path": path, "headers": headers}).to_string();
+                        let response = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{echo}",
+                            echo.len()
+                        );
+                        if stream
+                            .get_mut()
+                            .write_all(response.as_bytes())
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        TestUpstream { addr, hits }
+    }
+
+    pub fn hits(&self) -> usize {
+        self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}

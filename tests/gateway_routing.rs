@@ -1,0 +1,448 @@
+//! Routing, forwarding, deprecation, upstream failures and path safety, through the real binary.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{PETS_ROUTE, Stack, TestUpstream, assert_error, client, header, key_id, raw_http};
+use serde_json::{Value, json};
+
+fn orders_route(upstream: &TestUpstream, extra: &str) -> String {
+    format!(
+        "{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store/orders\"\nupstream = \"{}\"\n{extra}\n",
+        upstream.addr
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_upstream_is_one_configuration_entry_with_auth_limits_and_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = TestUpstream::start(Duration::ZERO).await;
+    let stack = Stack::start_with_text(dir.path(), &orders_route(&orders, ""));
+    let key = stack.key(&["--plan", "free"]);
+    let c = client();
+
+    let r = c
+        .get(stack.url("/v1/store/orders/7?expand=items"))
+        .bearer_auth(&key)
+        .header("X-Forwarded-For", "203.0.113.9")
+        .header("X-Api-Plan", "enterprise")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let request_id = r.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "59");
+    assert!(r.headers().get("deprecation").is_none());
+    let echo: Value = r.json().await.unwrap();
+    assert_eq!(echo["path"], "/v1/store/orders/7?expand=items");
+    let seen = &echo["headers"];
+    assert!(
+        seen.get("authorization").is_none(),
+        "the key is not forwarded: {seen}"
+    );
+    assert_eq!(seen["x-api-key-id"], key_id(&key));
+    assert_eq!(seen["x-api-plan"], "free", "a client cannot claim a plan");
+    assert_eq!(seen["x-request-id"], request_id.as_str());
+    assert_eq!(seen["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+
+    // Without a key: 401 from the gateway, and the upstream never sees the request.
+    let hits = orders.hits();
+    let r = c.get(stack.url("/v1/store/orders/7")).send().await.unwrap();
+    assert_eq!(r.headers()["www-authenticate"], "Bearer");
+    assert_error(r, 401, "unauthorized").await;
+    let r = c
+        .get(stack.url("/v1/store/orders/7"))
+        .bearer_auth("as_0000000000000000_00")
+        .send()
+        .await
+        .unwrap();
+    assert_error(r, 401, "unauthorized").await;
+    assert_eq!(orders.hits(), hits);
+
+    // Counts against the same key as the pets routes.
+    let r = c
+        .get(stack.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "58");
+    // No route: 404 from the gateway.
+    let r = c
+        .get(stack.url("/v1/store/inventory"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("x-ratelimit-limit").is_some());
+    assert_error(r, 404, "not_found").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deprecation_headers_only_on_get_pet() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+    let r = c
+        .post(stack.url("/v1/pets"))
+        .bearer_auth(&key)
+        .json(&json!({"name": "Rex", "categoryId": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(r.headers().get("deprecation").is_none() && r.headers().get("sunset").is_none());
+    let pet: Value = r.json().await.unwrap();
+    for path in [
+        format!("/v1/pets/{}", pet["id"]),
+        "/v1/pets/424242".to_owned(),
+    ] {
+        let r = c
+            .get(stack.url(&path))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["deprecation"], "@1764892800", "{path}");
+        assert_eq!(r.headers()["sunset"], "Thu, 05 Dec 2030 00:00:00 GMT");
+        let links: Vec<&str> = r
+            .headers()
+            .get_all("link")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert!(
+            links.contains(&"</v1/pets>; rel=\"successor-version\""),
+            "{links:?}"
+        );
+        assert!(
+            links.iter().any(|l| l.ends_with("; rel=\"deprecation\"")),
+            "{links:?}"
+        );
+    }
+    // Even the gateway's own refusals on that operation carry them.
+    let r = c.get(stack.url("/v1/pets/1")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.headers().get("sunset").is_some());
+    let r = c
+        .get(stack.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("deprecation").is_none() && r.headers().get("link").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_sunset_the_operation_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let past = PETS_ROUTE
+        .replace("2030-12-05T00:00:00Z", "2021-01-01T00:00:00Z")
+        .replace("2025-12-05T00:00:00Z", "2020-01-01T00:00:00Z");
+    let stack = Stack::start_with_text(dir.path(), &past);
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+    let r = c
+        .get(stack.url("/v1/pets/1"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["sunset"], "Fri, 01 Jan 2021 00:00:00 GMT");
+    assert_error(r, 410, "gone").await;
+    assert_eq!(
+        c.get(stack.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_is_502_and_slow_upstream_is_504_while_others_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = TestUpstream::start(Duration::from_secs(5)).await;
+    let closed = common::free_addr();
+    let routes = format!(
+        "{}\n[[gateway.routes]]\nprefix = \"/v1/closed\"\nupstream = \"{closed}\"\n",
+        orders_route(&slow, "timeout_ms = 500")
+    );
+    let stack = Stack::start_with_text(dir.path(), &routes);
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+
+    let r = c
+        .get(stack.url("/v1/closed/x"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("x-ratelimit-remaining").is_some());
+    assert!(r.headers().get("x-request-id").is_some());
+    assert_error(r, 502, "bad_gateway").await;
+
+    let started = Instant::now();
+    let slow_request = tokio::spawn({
+        let (c, url, key) = (c.clone(), stack.url("/v1/store/orders/1"), key.clone());
+        async move { c.get(url).bearer_auth(key).send().await.unwrap() }
+    });
+    // While that request waits on the slow upstream, others are served.
+    let r = c
+        .get(stack.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = slow_request.await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answered at the 500 ms timeout, not after the upstream"
+    );
+    assert!(r.headers().get("x-ratelimit-limit").is_some());
+    assert_error(r, 504, "gateway_timeout").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_down_gives_502_then_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = common::shipped_config();
+    let (code, key, _) = common::cli(&[
+        "keys",
+        "create",
+        "--plan",
+        "pro",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0);
+    let key = key.trim().to_owned();
+    let backend_addr = common::free_addr();
+    let (listen, admin) = (common::free_addr(), common::free_addr());
+    let mut gateway = common::Proc::start(
+        &[
+            "gateway",
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            &listen.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+            "--backend-listen",
+            &backend_addr.to_string(),
+        ],
+        dir.path().join("gateway.log"),
+    );
+    common::wait_for_port(listen, &mut gateway.child);
+    let c = client();
+    let url = format!("http://{listen}/v1/pets");
+    assert_error(
+        c.get(&url).bearer_auth(&key).send().await.unwrap(),
+        502,
+        "bad_gateway",
+    )
+    .await;
+
+    // Start the backend on the address the gateway points to: it recovers without a restart.
+    let mut backend = common::Proc::start(
+        &[
+            "backend",
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--backend-listen",
+            &backend_addr.to_string(),
+        ],
+        dir.path().join("backend.log"),
+    );
+    common::wait_for_port(backend_addr, &mut backend.child);
+    assert_eq!(
+        c.get(&url).bearer_auth(&key).send().await.unwrap().status(),
+        200
+    );
+    backend.kill9();
+    assert_error(
+        c.get(&url).bearer_auth(&key).send().await.unwrap(),
+        502,
+        "bad_gateway",
+    )
+    .await;
+    assert_eq!(gateway.terminate(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_paths_are_refused_before_any_decision() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = TestUpstream::start(Duration::ZERO).await;
+    let stack = Stack::start_with_text(dir.path(), &orders_route(&orders, ""));
+    let key = stack.key(&["--plan", "pro"]);
+    for target in [
+        "/v1/store/orders/../../pets",
+        "/v1/store/orders/./1",
+        "/v1/store/orders/%2e%2e/x",
+        "/v1/store/orders%2F1",
+        "/v1/store/orders%2f1",
+        "/v1/store/orders%5C1",
+        "/v1/store/orders/1%00",
+        "/v1//store/orders",
+        "/v1/store/orders/%zz",
+    ] {
+        let request = format!(
+            "GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+        );
+        let (status, headers, body) = raw_http(stack.listen, request.as_bytes());
+        assert_eq!(status, 400, "{target}");
+        assert_eq!(header(&headers, "content-type"), Some("application/json"));
+        assert!(header(&headers, "x-ratelimit-limit").is_some(), "{target}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["code"], "invalid_request", "{target}");
+    }
+    assert_eq!(orders.hits(), 0, "nothing ambiguous reached the upstream");
+    // Encoded unreserved characters are decoded, and the decoded path is what is forwarded.
+    let request = format!(
+        "GET /v1/store/%6Frders/5 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+    );
+    let (status, _, body) = raw_http(stack.listen, request.as_bytes());
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["path"],
+        "/v1/store/orders/5"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_the_gateway_limit_get_413_without_reaching_the_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = TestUpstream::start(Duration::ZERO).await;
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!("max_body_bytes = 4096\n{}", orders_route(&orders, "")),
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+    let big = "x".repeat(5000);
+    let r = c
+        .post(stack.url("/v1/store/orders"))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_error(r, 413, "payload_too_large").await;
+    assert_eq!(orders.hits(), 0);
+    let chunks: Vec<Result<String, std::io::Error>> =
+        (0..5).map(|_| Ok("y".repeat(1000))).collect();
+    let r = c
+        .post(stack.url("/v1/store/orders"))
+        .bearer_auth(&key)
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let r = c
+        .post(stack.url("/v1/store/orders"))
+        .bearer_auth(&key)
+        .body("z".repeat(4000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "under the limit is forwarded");
+    // The backend's own limit (16 KiB) still applies on the pets route.
+    let stack_default = Stack::start(&dir.path().join("second"));
+    let key = stack_default.key(&["--plan", "pro"]);
+    let body = format!(r#"{{"name":"{}","categoryId":1}}"#, "n".repeat(20_000));
+    let r = c
+        .post(stack_default.url("/v1/pets"))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("x-ratelimit-limit").is_some());
+    assert_error(r, 413, "payload_too_large").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_half_open_connections_do_not_stop_the_gateway() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "pro"]);
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        let mut s = std::net::TcpStream::connect(stack.listen).unwrap();
+        s.write_all(b"GET /v1/pets HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        idle.push(s);
+    }
+    let c = client();
+    for _ in 0..20 {
+        let r = c
+            .get(stack.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    drop(idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_listener_serves_health_readiness_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+    c.get(stack.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    c.get(stack.url("/v1/pets")).send().await.unwrap();
+    let admin = |p: &str| format!("http://{}{p}", stack.admin);
+    assert_eq!(c.get(admin("/healthz")).send().await.unwrap().status(), 200);
+    assert_eq!(c.get(admin("/readyz")).send().await.unwrap().status(), 200);
+    let metrics = c
+        .get(admin("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"gateway_responses_total{outcome="proxied",status="200"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"gateway_responses_total{outcome="unauthorized",status="401"} 1"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains("gateway_active_keys 2"), "{metrics}");
+    assert!(!metrics.contains(&key[20..]), "no key material in metrics");
+    // The public listener does not serve admin paths.
+    let r = c
+        .get(stack.url("/metrics"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_error(r, 404, "not_found").await;
+}
