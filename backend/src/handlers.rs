@@ -10,11 +10,17 @@ use warp::reply::Response;
 
 use crate::errors::ApiError;
 use crate::models::{self, ListQuery};
-use crate::store::Store;
+use crate::store::{Created, IdempotencyKey, Store};
 use animal_store_contract::{ErrorCode, JSON_CONTENT_TYPE};
 
 /// The public path of the collection; `Location` and `Link` are built from it.
 pub const PETS_PATH: &str = "/v1/pets";
+/// Header carrying a client's idempotency key for a create.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Header by which the gateway names the API key of the request; scopes idempotency keys.
+pub const API_KEY_ID: &str = "x-api-key-id";
+/// Longest accepted idempotency key.
+pub const MAX_IDEMPOTENCY_KEY: usize = 255;
 
 /// Per-service settings the handlers need.
 #[derive(Debug, Clone, Copy)]
@@ -119,12 +125,66 @@ where
     require_json(headers)?;
     let body = read_limited(body, limits).await?;
     let new = models::parse_new_pet(&body)?;
-    let pet = store.create(new).await.map_err(ApiError::from_store)?;
+    let idempotency = idempotency_key(headers)?;
+    let (pet, replayed) = match store
+        .create(new, idempotency, unix_now())
+        .await
+        .map_err(ApiError::from_store)?
+    {
+        Created::New(pet) => (pet, false),
+        Created::Replayed(pet) => (pet, true),
+        Created::KeyReused => {
+            return Err(ApiError::new(
+                ErrorCode::IdempotencyKeyReused,
+                "this Idempotency-Key was used in the last 24 hours for a different request",
+            ));
+        }
+    };
     let mut response = json_response(StatusCode::CREATED, &pet);
+    let headers = response.headers_mut();
     if let Ok(location) = HeaderValue::from_str(&format!("{PETS_PATH}/{}", pet.id)) {
-        response.headers_mut().insert(header::LOCATION, location);
+        headers.insert(header::LOCATION, location);
+    }
+    if replayed {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(response)
+}
+
+/// The `Idempotency-Key` header (IETF draft: a structured-field string, so it may be quoted),
+/// scoped to the API key id the gateway forwards.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or("");
+    let key = text
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .unwrap_or(text);
+    if key.is_empty()
+        || key.len() > MAX_IDEMPOTENCY_KEY
+        || !key.bytes().all(|b| b.is_ascii_graphic() && b != b'"')
+    {
+        return Err(ApiError::invalid_parameter(format!(
+            "`Idempotency-Key` must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters"
+        )));
+    }
+    let scope = headers
+        .get(API_KEY_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    Ok(Some(IdempotencyKey {
+        scope,
+        key: key.to_owned(),
+    }))
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn get(pet_id: &str, store: &Store) -> Result<Response, ApiError> {

@@ -2,7 +2,10 @@
 //!
 //! Layout: tree `pets` maps the id (8 bytes, big-endian, so byte order is id order) to the pet's
 //! JSON; tree `pets_by_status` holds `[status byte][id]` keys so a filtered page is one range
-//! scan. Both are written in one transaction, so a crash never leaves one without the other.
+//! scan. Tree `idempotency` maps a client's idempotency key (scoped to the API key that sent
+//! it) to the request it stood for and the pet it created. All three are written in one
+//! transaction, so a crash never leaves one without the others, and two concurrent creates with
+//! the same idempotency key create one pet.
 //!
 //! Durability: [`Store::create`] returns only after a `flush()` (fsync) that began after the pet
 //! was written. Concurrent creates wait on the same flush (group commit), run by one flusher task
@@ -17,6 +20,55 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::errors::StoreError;
 use crate::models::{ListQuery, NewPet, Pet, PetStatus};
+
+/// How long an idempotency key is remembered.
+pub const IDEMPOTENCY_TTL_SECS: u64 = 24 * 3600;
+
+/// A client's `Idempotency-Key`, scoped to the API key that sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey {
+    /// The API key id the gateway forwarded (empty when called directly).
+    pub scope: String,
+    /// The client's key.
+    pub key: String,
+}
+
+impl IdempotencyKey {
+    fn storage_key(&self) -> Vec<u8> {
+        // The scope is hex and the key printable ASCII: a newline cannot occur in either.
+        format!("{}\n{}", self.scope, self.key).into_bytes()
+    }
+}
+
+/// What a create did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    /// A new pet.
+    New(Pet),
+    /// The same request was made before with this idempotency key: its pet.
+    Replayed(Pet),
+    /// The idempotency key was used before for a different request.
+    KeyReused,
+}
+
+/// What the idempotency tree remembers of a create.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct IdempotencyRecord {
+    name: String,
+    category_id: i64,
+    status: PetStatus,
+    pet_id: i64,
+    created: u64,
+}
+
+impl IdempotencyRecord {
+    fn same_request(&self, other: &IdempotencyRecord) -> bool {
+        self.name == other.name
+            && self.category_id == other.category_id
+            && self.status == other.status
+    }
+}
 
 /// Name of the sled database directory inside the data directory.
 pub const DB_DIR: &str = "pets.sled";
@@ -41,6 +93,7 @@ pub struct Store {
     db: sled::Db,
     pets: sled::Tree,
     by_status: sled::Tree,
+    idempotency: sled::Tree,
     mode: CommitMode,
     flush_requests: mpsc::UnboundedSender<oneshot::Sender<FlushResult>>,
 }
@@ -54,46 +107,97 @@ impl Store {
             .open()?;
         let pets = db.open_tree("pets")?;
         let by_status = db.open_tree("pets_by_status")?;
+        let idempotency = db.open_tree("idempotency")?;
         let (flush_requests, rx) = mpsc::unbounded_channel();
         tokio::spawn(run_flusher(db.clone(), rx));
         Ok(Store {
             db,
             pets,
             by_status,
+            idempotency,
             mode,
             flush_requests,
         })
     }
 
-    /// Stores a new pet and returns it once it is durably on disk.
-    pub async fn create(&self, new: NewPet) -> Result<Pet, StoreError> {
+    /// Stores a new pet and returns it once it is durably on disk. With an idempotency key seen
+    /// in the last 24 hours, returns the pet of that earlier request instead (also once it is
+    /// durable), or [`Created::KeyReused`] if that request was a different one.
+    pub async fn create(
+        &self,
+        new: NewPet,
+        idempotency: Option<IdempotencyKey>,
+        now_unix: u64,
+    ) -> Result<Created, StoreError> {
         let store = self.clone();
-        let pet = tokio::task::spawn_blocking(move || store.insert(new))
+        let created = tokio::task::spawn_blocking(move || store.insert(new, idempotency, now_unix))
             .await
             .map_err(|_| StoreError::ShuttingDown)??;
-        self.wait_durable().await?;
-        Ok(pet)
+        if created != Created::KeyReused {
+            self.wait_durable().await?;
+        }
+        Ok(created)
     }
 
-    fn insert(&self, new: NewPet) -> Result<Pet, StoreError> {
+    fn insert(
+        &self,
+        new: NewPet,
+        idempotency: Option<IdempotencyKey>,
+        now_unix: u64,
+    ) -> Result<Created, StoreError> {
         // sled ids start at 0 and are never reissued, even after a crash (they jump instead).
         let id = i64::try_from(self.db.generate_id()? + 1).map_err(|_| StoreError::IdsExhausted)?;
+        let idempotency_key = idempotency.map(|k| k.storage_key());
+        let remembered = IdempotencyRecord {
+            name: new.name.clone(),
+            category_id: new.category_id,
+            status: new.status,
+            pet_id: id,
+            created: now_unix,
+        };
         let pet = Pet::from_new(id, new);
         let record =
             serde_json::to_vec(&pet).map_err(|source| StoreError::Corrupt { id, source })?;
+        let remembered_bytes =
+            serde_json::to_vec(&remembered).map_err(|source| StoreError::Corrupt { id, source })?;
         let id_key = id.to_be_bytes();
         let index_key = status_key(pet.status, id);
-        (&self.pets, &self.by_status)
-            .transaction(|(pets, by_status)| {
+        let earlier = (&self.pets, &self.by_status, &self.idempotency)
+            .transaction(|(pets, by_status, idempotency)| {
+                if let Some(key) = &idempotency_key {
+                    if let Some(bytes) = idempotency.get(key)? {
+                        let earlier: IdempotencyRecord =
+                            serde_json::from_slice(&bytes).map_err(|source| {
+                                ConflictableTransactionError::Abort(StoreError::Corrupt {
+                                    id,
+                                    source,
+                                })
+                            })?;
+                        if now_unix.saturating_sub(earlier.created) < IDEMPOTENCY_TTL_SECS {
+                            return Ok(Some(earlier));
+                        }
+                    }
+                    idempotency.insert(key.as_slice(), remembered_bytes.as_slice())?;
+                }
                 pets.insert(&id_key, record.as_slice())?;
                 by_status.insert(&index_key, &[])?;
-                Ok::<(), ConflictableTransactionError<()>>(())
+                Ok(None)
             })
             .map_err(|e| match e {
                 TransactionError::Storage(e) => StoreError::Sled(e),
-                TransactionError::Abort(()) => StoreError::ShuttingDown,
+                TransactionError::Abort(e) => e,
             })?;
-        Ok(pet)
+        match earlier {
+            None => Ok(Created::New(pet)),
+            Some(earlier) if earlier.same_request(&remembered) => {
+                let pet = self.get(earlier.pet_id)?.ok_or(StoreError::Corrupt {
+                    id: earlier.pet_id,
+                    source: serde::de::Error::custom("pet of an idempotency key missing"),
+                })?;
+                Ok(Created::Replayed(pet))
+            }
+            Some(_) => Ok(Created::KeyReused),
+        }
     }
 
     async fn wait_durable(&self) -> Result<(), StoreError> {

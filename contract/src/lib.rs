@@ -25,6 +25,8 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// 410: a deprecated operation after its removal date.
     Gone,
+    /// 422: an `Idempotency-Key` reused within 24 hours for a different request.
+    IdempotencyKeyReused,
     /// 413: the request body is over the limit.
     PayloadTooLarge,
     /// 415: a request body that is not `application/json`.
@@ -49,7 +51,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in contract order; used by tests and documentation checks.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::InvalidJson,
         ErrorCode::ValidationFailed,
         ErrorCode::InvalidParameter,
@@ -58,6 +60,7 @@ impl ErrorCode {
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::Gone,
+        ErrorCode::IdempotencyKeyReused,
         ErrorCode::PayloadTooLarge,
         ErrorCode::UnsupportedMediaType,
         ErrorCode::RateLimited,
@@ -81,6 +84,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Gone => "gone",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::RateLimited => "rate_limited",
@@ -105,6 +109,7 @@ impl ErrorCode {
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Gone => 410,
+            ErrorCode::IdempotencyKeyReused => 422,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::RateLimited
