@@ -9,8 +9,8 @@
 #    exact limits, headers), and through nginx as a reverse proxy doing comparable work
 #    (limit_req keyed on the Authorization header, keep-alive upstream).
 #
-# Pinning on 2 cores: the proxy under test (gateway or nginx, one worker) on CPU 0; the backend
-# and wrk on CPU 1. Every round runs every contender back to back; reported values are medians.
+# Pinning on 2 cores: in part 1 the backend on CPU 0 and wrk on CPU 1; in part 2 the proxy under
+# test (gateway or nginx, one worker) on CPU 0, the backend and wrk on CPU 1. Every round runs every contender back to back; reported values are medians.
 # Environment: DUR (seconds per run, 8), ROUNDS (3), CONN (wrk connections, 64).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +60,7 @@ declare -A create_rps create_p99
 for round in $(seq "$ROUNDS"); do
   for mode in group per_request; do
     port=$(free_port)
-    pid=$(start 1 "$BIN" backend --config "$(config $mode)" --data-dir "$work/data-$mode-$round" --backend-listen "127.0.0.1:$port")
+    pid=$(start 0 "$BIN" backend --config "$(config $mode)" --data-dir "$work/data-$mode-$round" --backend-listen "127.0.0.1:$port")
     wait_port "$port"
     read -r rps p99 < <(measure "http://127.0.0.1:$port/v1/pets" bench/create.lua)
     stop "$pid"

@@ -123,19 +123,7 @@ fn validate_new_pet(object: &Map<String, Value>) -> Result<NewPet, ApiError> {
     };
     let category_id = match object.get("categoryId") {
         None => return Err(ApiError::validation("`categoryId` is required")),
-        Some(Value::Number(n)) => match n.as_i64() {
-            Some(id) if id >= 1 => id,
-            _ if n.is_f64() => {
-                return Err(ApiError::validation(
-                    "`categoryId` must be an integer, not a fraction",
-                ));
-            }
-            _ => {
-                return Err(ApiError::validation(
-                    "`categoryId` must be an integer from 1 to 9223372036854775807",
-                ));
-            }
-        },
+        Some(Value::Number(n)) => category_id(n)?,
         Some(_) => {
             return Err(ApiError::validation(
                 "`categoryId` must be a JSON integer (not a string)",
@@ -158,6 +146,27 @@ fn validate_new_pet(object: &Map<String, Value>) -> Result<NewPet, ApiError> {
         category_id,
         status,
     })
+}
+
+/// Largest integer a JSON number with a fraction part (`3.0`) can carry exactly.
+const MAX_EXACT_FLOAT_INTEGER: f64 = 9_007_199_254_740_992.0;
+
+/// A category id from a JSON number. As in JSON Schema, which the published OpenAPI description
+/// uses, `3.0` is the integer 3; `3.5` is not an integer, and a float too large to be exact is
+/// refused rather than rounded.
+fn category_id(n: &serde_json::Number) -> Result<i64, ApiError> {
+    let out_of_range =
+        || ApiError::validation("`categoryId` must be an integer from 1 to 9223372036854775807");
+    if let Some(id) = n.as_i64() {
+        return if id >= 1 { Ok(id) } else { Err(out_of_range()) };
+    }
+    match n.as_f64() {
+        Some(f) if n.is_f64() && f.fract() != 0.0 => Err(ApiError::validation(
+            "`categoryId` must be an integer, not a fraction",
+        )),
+        Some(f) if n.is_f64() && (1.0..=MAX_EXACT_FLOAT_INTEGER).contains(&f) => Ok(f as i64),
+        _ => Err(out_of_range()),
+    }
 }
 
 fn validate_name(name: &str) -> Result<String, ApiError> {
@@ -302,7 +311,13 @@ mod tests {
             (r#"{"name":"Rex","categoryId":0}"#, Some(ValidationFailed)),
             (r#"{"name":"Rex","categoryId":-4}"#, Some(ValidationFailed)),
             (r#"{"name":"Rex","categoryId":1.5}"#, Some(ValidationFailed)),
-            (r#"{"name":"Rex","categoryId":1.0}"#, Some(ValidationFailed)),
+            (r#"{"name":"Rex","categoryId":1.0}"#, None),
+            (r#"{"name":"Rex","categoryId":1e3}"#, None),
+            (r#"{"name":"Rex","categoryId":0.0}"#, Some(ValidationFailed)),
+            (
+                r#"{"name":"Rex","categoryId":1e300}"#,
+                Some(ValidationFailed),
+            ),
             (r#"{"name":"Rex","categoryId":"1"}"#, Some(ValidationFailed)),
             (
                 r#"{"name":"Rex","categoryId":null}"#,

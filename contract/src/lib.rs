@@ -156,6 +156,12 @@ impl ErrorBody {
 /// The media type of every JSON body, errors included.
 pub const JSON_CONTENT_TYPE: &str = "application/json";
 
+/// The OpenAPI 3.1 description of the public `/v1` API (`contract/openapi.yaml`).
+pub const OPENAPI_YAML: &str = include_str!("../openapi.yaml");
+
+/// Where the gateway serves [`OPENAPI_YAML`], without a key.
+pub const OPENAPI_PATH: &str = "/v1/openapi.yaml";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,17 +44,29 @@ pub async fn respond(
     ctx: &mut Ctx,
     error: GatewayError,
 ) -> pingora::Result<()> {
-    let status = error.code.status();
     let body = Bytes::from(ErrorBody::new(error.code, error.message).to_json());
-    let mut response = ResponseHeader::build(status, Some(10))?;
-    response.insert_header("Content-Type", JSON_CONTENT_TYPE)?;
-    response.insert_header("Content-Length", body.len())?;
+    let mut response = ResponseHeader::build(error.code.status(), Some(10))?;
     if error.code == ErrorCode::Unauthorized {
         response.insert_header("WWW-Authenticate", "Bearer")?;
     }
     if let Some(seconds) = error.retry_after {
         response.insert_header("Retry-After", seconds)?;
     }
+    ctx.error_code = Some(error.code);
+    send(session, ctx, response, JSON_CONTENT_TYPE, body).await
+}
+
+/// Sends a complete response the gateway wrote itself: sets the body's type and length (keep-
+/// alive clients need it) and every header the public listener's responses carry.
+pub async fn send(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    mut response: ResponseHeader,
+    content_type: &str,
+    body: Bytes,
+) -> pingora::Result<()> {
+    response.insert_header("Content-Type", content_type)?;
+    response.insert_header("Content-Length", body.len())?;
     headers::decorate(
         &mut response,
         ctx.rate.as_ref(),
@@ -62,8 +74,7 @@ pub async fn respond(
         ctx.deprecation.as_deref(),
         ctx.now_ms,
     )?;
-    ctx.status = status;
-    ctx.error_code = Some(error.code);
+    ctx.status = response.status.as_u16();
     session
         .write_response_header(Box::new(response), false)
         .await?;

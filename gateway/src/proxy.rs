@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use animal_store_contract::ErrorCode;
+use animal_store_contract::{ErrorCode, OPENAPI_PATH, OPENAPI_YAML};
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::HeaderValue;
@@ -31,7 +31,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use crate::auth::{FailureBudget, authorize};
 use crate::config::Settings;
 use crate::deprecation::Deprecation;
-use crate::errors::{GatewayError, respond};
+use crate::errors::{GatewayError, respond, send};
 use crate::headers::{self, RateHeaders};
 use crate::keyring::Keyring;
 use crate::keys::ActiveKey;
@@ -295,6 +295,23 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let request = session.req_header();
+        if request.uri.path() == OPENAPI_PATH && request.method == http::Method::GET {
+            // The API description is public: no key, nothing counted against one.
+            ctx.now_ms = unix_ms();
+            let budget = self.failures.peek(client_ip(session), ctx.now_ms);
+            ctx.rate = Some(RateHeaders::for_address(&budget, &self.address_policy));
+            let response = ResponseHeader::build(200, Some(8))?;
+            send(
+                session,
+                ctx,
+                response,
+                "application/yaml",
+                Bytes::from_static(OPENAPI_YAML.as_bytes()),
+            )
+            .await?;
+            return Ok(true);
+        }
         match self.admit(session, ctx) {
             Ok(()) => Ok(false),
             Err(error) => {
