@@ -278,6 +278,26 @@ async fn the_backend_down_gives_502_then_recovers() {
         "bad_gateway",
     )
     .await;
+    // Crashed and restarted: the gateway drops its dead pooled connections and recovers.
+    let mut backend = common::Proc::start(
+        &[
+            "backend",
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--backend-listen",
+            &backend_addr.to_string(),
+        ],
+        dir.path().join("backend-2.log"),
+    );
+    common::wait_for_port(backend_addr, &mut backend.child);
+    for _ in 0..5 {
+        assert_eq!(
+            c.get(&url).bearer_auth(&key).send().await.unwrap().status(),
+            200
+        );
+    }
     assert_eq!(gateway.terminate(), Some(0));
 }
 
