@@ -133,7 +133,8 @@ d=$(med "${get_rps[direct]}"); gw=$(med "${get_rps[gateway]}")
   echo
   echo "Measured $(date -u +%Y-%m-%d) by \`bash bench/run.sh\` (DUR=$DUR s, ROUNDS=$ROUNDS, CONN=$CONN; medians)."
   echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB, Linux $(uname -r)."
-  echo "Method: wrk -t1 -c$CONN on CPU 1 with the backend; the proxy under test on CPU 0 (one worker thread)."
+  echo "Method: wrk -t1 -c$CONN on CPU 1. Part 1: the backend alone on CPU 0. Part 2: the backend on CPU 1 with wrk,"
+  echo "the proxy under test on CPU 0 (one worker thread). Per-round values are in the run's output."
   echo
   echo "## Durable creates (POST /v1/pets to the backend, fsync before every 201)"
   echo
