@@ -19,23 +19,7 @@ async fn create(c: &reqwest::Client, b: &Backend, body: Value) -> Value {
 
 /// Every pet, by walking the `Link: rel="next"` headers from `first`.
 async fn walk(c: &reqwest::Client, b: &Backend, first: &str) -> (Vec<Value>, usize) {
-    let mut pets = Vec::new();
-    let mut next = Some(first.to_owned());
-    let mut pages = 0;
-    while let Some(path) = next {
-        let r = c.get(b.url(&path)).send().await.unwrap();
-        assert_eq!(r.status(), 200, "page {path}");
-        next = r.headers().get("link").map(|link| {
-            let link = link.to_str().unwrap();
-            assert!(link.ends_with(">; rel=\"next\""), "{link}");
-            link[1..link.find('>').unwrap()].to_owned()
-        });
-        let page: Vec<Value> = r.json().await.unwrap();
-        assert!(!page.is_empty() || next.is_none());
-        pets.extend(page);
-        pages += 1;
-    }
-    (pets, pages)
+    common::walk_pets(c, &b.url(""), first, None).await
 }
 
 #[tokio::test]

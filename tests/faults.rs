@@ -91,23 +91,11 @@ async fn sigterm_under_load_completes_in_flight_requests_and_loses_no_acknowledg
     drop(stack);
     let stack = Stack::launch(dir.path(), data, &config);
     stack.wait_keys_loaded();
-    let mut listed = BTreeMap::new();
-    let mut next = Some("/v1/pets?limit=100".to_owned());
-    while let Some(path) = next {
-        let r = c
-            .get(stack.url(&path))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap();
-        next = r.headers().get("link").map(|l| {
-            let l = l.to_str().unwrap();
-            l[1..l.find('>').unwrap()].to_owned()
-        });
-        for pet in r.json::<Vec<Value>>().await.unwrap() {
-            listed.insert(pet["id"].as_i64().unwrap(), pet);
-        }
-    }
+    let (pets, _) = common::walk_pets(&c, &stack.url(""), "/v1/pets?limit=100", Some(&key)).await;
+    let listed: BTreeMap<i64, Value> = pets
+        .into_iter()
+        .map(|p| (p["id"].as_i64().unwrap(), p))
+        .collect();
     for (id, pet) in &acknowledged {
         assert_eq!(
             listed.get(id),

@@ -254,19 +254,23 @@ async fn the_backend_down_gives_502_then_recovers() {
     .await;
 
     // Start the backend on the address the gateway points to: it recovers without a restart.
-    let mut backend = common::Proc::start(
-        &[
-            "backend",
-            "--config",
-            config.to_str().unwrap(),
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--backend-listen",
-            &backend_addr.to_string(),
-        ],
-        dir.path().join("backend.log"),
-    );
-    common::wait_for_port(backend_addr, &mut backend.child);
+    let start_backend = |log: &str| {
+        let mut backend = common::Proc::start(
+            &[
+                "backend",
+                "--config",
+                config.to_str().unwrap(),
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--backend-listen",
+                &backend_addr.to_string(),
+            ],
+            dir.path().join(log),
+        );
+        common::wait_for_port(backend_addr, &mut backend.child);
+        backend
+    };
+    let mut backend = start_backend("backend.log");
     assert_eq!(
         c.get(&url).bearer_auth(&key).send().await.unwrap().status(),
         200
@@ -279,19 +283,7 @@ async fn the_backend_down_gives_502_then_recovers() {
     )
     .await;
     // Crashed and restarted: the gateway drops its dead pooled connections and recovers.
-    let mut backend = common::Proc::start(
-        &[
-            "backend",
-            "--config",
-            config.to_str().unwrap(),
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--backend-listen",
-            &backend_addr.to_string(),
-        ],
-        dir.path().join("backend-2.log"),
-    );
-    common::wait_for_port(backend_addr, &mut backend.child);
+    let _backend = start_backend("backend-2.log");
     for _ in 0..5 {
         assert_eq!(
             c.get(&url).bearer_auth(&key).send().await.unwrap().status(),

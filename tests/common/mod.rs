@@ -450,3 +450,38 @@ pub fn unix_now() -> u64 {
         .unwrap()
         .as_secs()
 }
+
+/// Every pet reachable from `first` by following `Link: <...>; rel="next"` on `base` (e.g.
+/// `http://127.0.0.1:8080`), with the bearer `key` if given. Returns the pets in order and the
+/// number of pages; asserts each page is a 200 and only the last may be empty.
+pub async fn walk_pets(
+    c: &reqwest::Client,
+    base: &str,
+    first: &str,
+    key: Option<&str>,
+) -> (Vec<serde_json::Value>, usize) {
+    let mut pets = Vec::new();
+    let mut next = Some(first.to_owned());
+    let mut pages = 0;
+    while let Some(path) = next {
+        let mut request = c.get(format!("{base}{path}"));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let r = request.send().await.unwrap();
+        assert_eq!(r.status(), 200, "page {path}");
+        next = r.headers().get("link").map(|link| {
+            let link = link.to_str().unwrap();
+            assert!(link.ends_with(">; rel=\"next\""), "{link}");
+            link[1..link.find('>').unwrap()].to_owned()
+        });
+        let page: Vec<serde_json::Value> = r.json().await.unwrap();
+        assert!(
+            !page.is_empty() || next.is_none(),
+            "an empty page with a next link"
+        );
+        pets.extend(page);
+        pages += 1;
+    }
+    (pets, pages)
+}
