@@ -28,6 +28,9 @@ pub enum StoreError {
     /// The store is closing and takes no more writes.
     #[error("the store is shutting down")]
     ShuttingDown,
+    /// The database is being reopened after an I/O failure.
+    #[error("the database is being reopened after an I/O failure")]
+    Recovering,
 }
 
 /// An error answer: a contract code, a message for people, and (for 405) the allowed methods.
@@ -88,6 +91,10 @@ impl ApiError {
             StoreError::ShuttingDown => Self::new(
                 ErrorCode::Unavailable,
                 "the service is shutting down; retry shortly",
+            ),
+            StoreError::Recovering => Self::new(
+                ErrorCode::Unavailable,
+                "the service cannot store data right now; retry later",
             ),
             StoreError::Sled(sled::Error::Io(_)) => {
                 log::error!("store I/O failure: {err}");

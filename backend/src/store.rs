@@ -10,9 +10,17 @@
 //! Durability: [`Store::create`] returns only after a `flush()` (fsync) that began after the pet
 //! was written. Concurrent creates wait on the same flush (group commit), run by one flusher task
 //! on a blocking thread (sled's `flush_async` has known deadlocks).
+//!
+//! Faults: once sled hits an I/O error (a full disk, a read-only file system) it refuses every
+//! further write, even after the cause is gone. The store then drops that database and reopens
+//! it from disk, retrying every second; meanwhile requests get 503. Reopening recovers the last
+//! durable state, so a create that was answered 503 does not linger in memory.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -74,6 +82,8 @@ impl IdempotencyRecord {
 pub const DB_DIR: &str = "pets.sled";
 /// sled's page cache; the catalogue is small, so keep its memory modest.
 const CACHE_BYTES: u64 = 64 * 1024 * 1024;
+/// How often a database poisoned by an I/O error is tried again.
+const REOPEN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How creates reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -87,37 +97,116 @@ pub enum CommitMode {
 
 type FlushResult = Result<(), (io::ErrorKind, String)>;
 
-/// The pets store. Cheap to clone; clones share the database and the flusher.
-#[derive(Clone)]
-pub struct Store {
+/// One opened sled database and its trees.
+struct Trees {
     db: sled::Db,
     pets: sled::Tree,
     by_status: sled::Tree,
     idempotency: sled::Tree,
+}
+
+impl Trees {
+    fn open(data_dir: &Path) -> Result<Trees, StoreError> {
+        let db = sled::Config::new()
+            .path(data_dir.join(DB_DIR))
+            .cache_capacity(CACHE_BYTES)
+            .open()?;
+        Ok(Trees {
+            pets: db.open_tree("pets")?,
+            by_status: db.open_tree("pets_by_status")?,
+            idempotency: db.open_tree("idempotency")?,
+            db,
+        })
+    }
+}
+
+struct Shared {
+    data_dir: PathBuf,
     mode: CommitMode,
+    /// `None` while the database is being reopened after an I/O failure.
+    current: RwLock<Option<Arc<Trees>>>,
+    recovering: AtomicBool,
     flush_requests: mpsc::UnboundedSender<oneshot::Sender<FlushResult>>,
+}
+
+/// The pets store. Cheap to clone; clones share the database and the flusher.
+#[derive(Clone)]
+pub struct Store {
+    shared: Arc<Shared>,
 }
 
 impl Store {
     /// Opens (or creates) the store in `data_dir` and starts its flusher on the current runtime.
     pub fn open(data_dir: &Path, mode: CommitMode) -> Result<Store, StoreError> {
-        let db = sled::Config::new()
-            .path(data_dir.join(DB_DIR))
-            .cache_capacity(CACHE_BYTES)
-            .open()?;
-        let pets = db.open_tree("pets")?;
-        let by_status = db.open_tree("pets_by_status")?;
-        let idempotency = db.open_tree("idempotency")?;
+        let trees = Trees::open(data_dir)?;
         let (flush_requests, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run_flusher(db.clone(), rx));
-        Ok(Store {
-            db,
-            pets,
-            by_status,
-            idempotency,
-            mode,
-            flush_requests,
-        })
+        let store = Store {
+            shared: Arc::new(Shared {
+                data_dir: data_dir.to_owned(),
+                mode,
+                current: RwLock::new(Some(Arc::new(trees))),
+                recovering: AtomicBool::new(false),
+                flush_requests,
+            }),
+        };
+        tokio::spawn(run_flusher(store.clone(), rx));
+        Ok(store)
+    }
+
+    /// The database in use, or `Recovering` while it is being reopened.
+    fn trees(&self) -> Result<Arc<Trees>, StoreError> {
+        let current = self
+            .shared
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        current.clone().ok_or(StoreError::Recovering)
+    }
+
+    /// Notes a failure; an I/O error poisons sled, so it starts a reopen (once).
+    fn failed(&self, error: StoreError) -> StoreError {
+        if matches!(error, StoreError::Sled(sled::Error::Io(_)))
+            && !self.shared.recovering.swap(true, Ordering::SeqCst)
+        {
+            log::error!("store: {error}; reopening the database from disk until that succeeds");
+            tokio::spawn(self.clone().reopen());
+        }
+        error
+    }
+
+    /// Drops the poisoned database once no request holds it, then reopens it every second until
+    /// the disk lets it.
+    async fn reopen(self) {
+        let old = self
+            .shared
+            .current
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(old) = old {
+            while Arc::strong_count(&old) > 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        }
+        loop {
+            let dir = self.shared.data_dir.clone();
+            match tokio::task::spawn_blocking(move || Trees::open(&dir)).await {
+                Ok(Ok(trees)) => {
+                    *self
+                        .shared
+                        .current
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(trees));
+                    self.shared.recovering.store(false, Ordering::SeqCst);
+                    log::info!("store: database reopened; serving again");
+                    return;
+                }
+                Ok(Err(e)) => log::warn!("store: cannot reopen the database yet: {e}"),
+                Err(_) => return, // the runtime is shutting down
+            }
+            tokio::time::sleep(REOPEN_INTERVAL).await;
+        }
     }
 
     /// Stores a new pet and returns it once it is durably on disk. With an idempotency key seen
@@ -129,16 +218,55 @@ impl Store {
         idempotency: Option<IdempotencyKey>,
         now_unix: u64,
     ) -> Result<Created, StoreError> {
-        let store = self.clone();
-        let created = tokio::task::spawn_blocking(move || store.insert(new, idempotency, now_unix))
+        let trees = self.trees()?;
+        let created = tokio::task::spawn_blocking(move || trees.insert(new, idempotency, now_unix))
             .await
-            .map_err(|_| StoreError::ShuttingDown)??;
+            .map_err(|_| StoreError::ShuttingDown)?
+            .map_err(|e| self.failed(e))?;
         if created != Created::KeyReused {
-            self.wait_durable().await?;
+            self.wait_durable().await.map_err(|e| self.failed(e))?;
         }
         Ok(created)
     }
 
+    async fn wait_durable(&self) -> Result<(), StoreError> {
+        let result = match self.shared.mode {
+            CommitMode::Group => {
+                let (tx, rx) = oneshot::channel();
+                self.shared
+                    .flush_requests
+                    .send(tx)
+                    .map_err(|_| StoreError::ShuttingDown)?;
+                rx.await.map_err(|_| StoreError::ShuttingDown)?
+            }
+            CommitMode::PerRequest => {
+                let trees = self.trees()?;
+                tokio::task::spawn_blocking(move || flush(&trees.db))
+                    .await
+                    .map_err(|_| StoreError::ShuttingDown)?
+            }
+        };
+        result.map_err(|(kind, msg)| StoreError::Sled(sled::Error::Io(io::Error::new(kind, msg))))
+    }
+
+    /// One pet by id, if it exists.
+    pub fn get(&self, id: i64) -> Result<Option<Pet>, StoreError> {
+        self.trees()?.get(id)
+    }
+
+    /// A page of pets in id order after `query.after`, plus whether more remain.
+    pub fn list(&self, query: &ListQuery) -> Result<(Vec<Pet>, bool), StoreError> {
+        self.trees()?.list(query)
+    }
+
+    /// Flushes everything to disk; used at shutdown.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.trees()?.db.flush()?;
+        Ok(())
+    }
+}
+
+impl Trees {
     fn insert(
         &self,
         new: NewPet,
@@ -200,25 +328,6 @@ impl Store {
         }
     }
 
-    async fn wait_durable(&self) -> Result<(), StoreError> {
-        let result = match self.mode {
-            CommitMode::Group => {
-                let (tx, rx) = oneshot::channel();
-                self.flush_requests
-                    .send(tx)
-                    .map_err(|_| StoreError::ShuttingDown)?;
-                rx.await.map_err(|_| StoreError::ShuttingDown)?
-            }
-            CommitMode::PerRequest => {
-                let db = self.db.clone();
-                tokio::task::spawn_blocking(move || flush(&db))
-                    .await
-                    .map_err(|_| StoreError::ShuttingDown)?
-            }
-        };
-        result.map_err(|(kind, msg)| StoreError::Sled(sled::Error::Io(io::Error::new(kind, msg))))
-    }
-
     /// One pet by id, if it exists.
     pub fn get(&self, id: i64) -> Result<Option<Pet>, StoreError> {
         self.pets
@@ -268,12 +377,6 @@ impl Store {
         }
         Ok((page, more))
     }
-
-    /// Flushes everything to disk; used at shutdown.
-    pub fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
-        Ok(())
-    }
 }
 
 fn flush(db: &sled::Db) -> FlushResult {
@@ -287,7 +390,7 @@ fn flush(db: &sled::Db) -> FlushResult {
 /// Waiters that arrive during a flush are served by the next one, which starts after their
 /// writes, so every answer covers the writes made before its request.
 async fn run_flusher(
-    db: sled::Db,
+    store: Store,
     mut requests: mpsc::UnboundedReceiver<oneshot::Sender<FlushResult>>,
 ) {
     let mut waiters = Vec::new();
@@ -296,10 +399,15 @@ async fn run_flusher(
         while let Ok(next) = requests.try_recv() {
             waiters.push(next);
         }
-        let db = db.clone();
-        let result = tokio::task::spawn_blocking(move || flush(&db))
-            .await
-            .unwrap_or_else(|_| Err((io::ErrorKind::Other, "flush task failed".to_owned())));
+        let result = match store.trees() {
+            Ok(trees) => tokio::task::spawn_blocking(move || flush(&trees.db))
+                .await
+                .unwrap_or_else(|_| Err((io::ErrorKind::Other, "flush task failed".to_owned()))),
+            Err(_) => Err((
+                io::ErrorKind::Other,
+                "the database is being reopened".to_owned(),
+            )),
+        };
         for waiter in waiters.drain(..) {
             let _ = waiter.send(result.clone());
         }
@@ -325,6 +433,8 @@ fn decode(id: i64, bytes: &[u8]) -> Result<Pet, StoreError> {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("mode", &self.mode).finish()
+        f.debug_struct("Store")
+            .field("mode", &self.shared.mode)
+            .finish()
     }
 }
