@@ -458,3 +458,38 @@ async fn admin_listener_serves_health_readiness_and_metrics() {
         .unwrap();
     assert_error(r, 404, "not_found").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_request_headers_are_refused_with_the_contract_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "pro"]);
+    let request = |extra: &str| {
+        format!(
+            "GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n{extra}Connection: close\r\n\r\n"
+        )
+    };
+    let many: String = (0..120).map(|i| format!("X-Filler-{i}: y\r\n")).collect();
+    let big = format!("X-Big: {}\r\n", "b".repeat(20 * 1024));
+    for extra in [many, big] {
+        let (status, headers, body) = raw_http(stack.listen, request(&extra).as_bytes());
+        assert_eq!(status, 400);
+        assert!(header(&headers, "x-ratelimit-limit").is_some());
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap()["code"],
+            "invalid_request"
+        );
+    }
+    // Within the limits: served.
+    let (status, _, _) = raw_http(
+        stack.listen,
+        request(&format!("X-Ok: {}\r\n", "o".repeat(8 * 1024))).as_bytes(),
+    );
+    assert_eq!(status, 200);
+    // Past pingora's own parser limits (256 headers): a bare 400, and the gateway keeps serving.
+    let absurd: String = (0..300).map(|i| format!("X-F{i}: y\r\n")).collect();
+    let (status, _, _) = raw_http(stack.listen, request(&absurd).as_bytes());
+    assert_eq!(status, 400);
+    let (status, _, _) = raw_http(stack.listen, request("").as_bytes());
+    assert_eq!(status, 200);
+}

@@ -22,6 +22,11 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 /// Default request body limit: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
+/// Default limit on a request's header names and values together: 16 KiB.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Most request headers forwarded. Upstreams on hyper (the backend among them) answer more than
+/// 100 with a bare 431, so the gateway refuses them first, with the contract's error body.
+pub const MAX_HEADERS: usize = 100;
 /// Default time an upstream may take to answer.
 pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 10_000;
 /// Default time to establish an upstream connection.
@@ -45,6 +50,8 @@ pub struct GatewayConfig {
     pub threads: NonZeroUsize,
     /// Request bodies over this many bytes get 413 without reaching an upstream.
     pub max_body_bytes: u64,
+    /// Requests whose header names and values exceed this many bytes get 400 `invalid_request`.
+    pub max_header_bytes: usize,
     /// Default time an upstream may take to answer before the client gets 504.
     pub upstream_timeout_ms: NonZeroU64,
     /// Time to establish an upstream connection before the client gets 502.
@@ -70,6 +77,7 @@ impl Default for GatewayConfig {
             admin_listen: DEFAULT_ADMIN_LISTEN.parse().expect("valid default"),
             threads: NonZeroUsize::new(2).expect("non-zero"),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             upstream_timeout_ms: NonZeroU64::new(DEFAULT_UPSTREAM_TIMEOUT_MS).expect("non-zero"),
             connect_timeout_ms: NonZeroU64::new(DEFAULT_CONNECT_TIMEOUT_MS).expect("non-zero"),
             auth_failures_per_minute: NonZeroU32::new(DEFAULT_AUTH_FAILURES_PER_MINUTE)
@@ -165,6 +173,8 @@ pub struct Settings {
     pub threads: usize,
     /// Request body limit.
     pub max_body_bytes: u64,
+    /// Request header limit (names and values together).
+    pub max_header_bytes: usize,
     /// Upstream connect timeout.
     pub connect_timeout: Duration,
     /// Failure budget per address and minute.
@@ -215,6 +225,7 @@ impl Settings {
             admin_listen: config.admin_listen,
             threads: config.threads.get(),
             max_body_bytes: config.max_body_bytes,
+            max_header_bytes: config.max_header_bytes,
             connect_timeout: Duration::from_millis(config.connect_timeout_ms.get()),
             auth_failures_per_minute: config.auth_failures_per_minute.get(),
             key_refresh: Duration::from_millis(config.key_refresh_ms.get()),

@@ -29,7 +29,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::auth::{FailureBudget, authorize};
-use crate::config::Settings;
+use crate::config::{MAX_HEADERS, Settings};
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, respond, send};
 use crate::headers::{self, RateHeaders};
@@ -107,6 +107,13 @@ impl Gateway {
             return Err(GatewayError::new(ErrorCode::InvalidRequest, e));
         }
         let request = session.req_header();
+        if let Err(why) = self.check_headers(request) {
+            ctx.rate = Some(RateHeaders::for_address(
+                &self.failures.peek(ip, now),
+                &self.address_policy,
+            ));
+            return Err(GatewayError::new(ErrorCode::InvalidRequest, why));
+        }
         let path = request.uri.path();
         let route = self.settings.routes.find(path).cloned();
         ctx.deprecation = route
@@ -207,6 +214,25 @@ impl Gateway {
         };
         let uri = http::Uri::try_from(rewritten).map_err(|_| "the request target is malformed")?;
         session.req_header_mut().set_uri(uri);
+        Ok(())
+    }
+
+    /// Refuses requests with more headers, or more header bytes, than are forwarded.
+    fn check_headers(&self, request: &RequestHeader) -> std::result::Result<(), String> {
+        if request.headers.len() > MAX_HEADERS {
+            return Err(format!("a request may carry at most {MAX_HEADERS} headers"));
+        }
+        let bytes: usize = request
+            .headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len())
+            .sum();
+        if bytes > self.settings.max_header_bytes {
+            return Err(format!(
+                "the request headers are larger than {} bytes",
+                self.settings.max_header_bytes
+            ));
+        }
         Ok(())
     }
 
