@@ -266,6 +266,8 @@ pub struct ActiveKey {
     pub limits: Limits,
     /// `RateLimit-Policy` for these limits, rendered once.
     pub policy: http::HeaderValue,
+    /// The id and the plan as forwarded upstream (`X-Api-Key-Id`, `X-Api-Plan`), rendered once.
+    pub upstream_headers: [http::HeaderValue; 2],
     sha256: [u8; 32],
 }
 
@@ -292,12 +294,20 @@ impl KeySet {
             }
             match plans.resolve(&record.plan, record.per_minute, record.per_day) {
                 Ok(limits) => {
-                    let policy = crate::headers::key_policy(limits);
+                    let Ok(plan_header) = http::HeaderValue::from_str(&record.plan) else {
+                        log::warn!(
+                            "key store: skipping key {id}: its plan name is not header text"
+                        );
+                        continue;
+                    };
+                    let id_header =
+                        http::HeaderValue::try_from(id.to_string()).expect("hex digits");
                     let key = ActiveKey {
                         id,
                         plan: record.plan.clone(),
                         limits,
-                        policy,
+                        policy: crate::headers::key_policy(limits),
+                        upstream_headers: [id_header, plan_header],
                         sha256,
                     };
                     by_id.insert(id, Arc::new(key));

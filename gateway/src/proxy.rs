@@ -404,8 +404,9 @@ impl ProxyHttp for Gateway {
         };
         upstream.insert_header("X-Forwarded-For", forwarded)?;
         if let Some(key) = &ctx.key {
-            upstream.insert_header("X-Api-Key-Id", key.id.to_string())?;
-            upstream.insert_header("X-Api-Plan", &key.plan)?;
+            let [id, plan] = &key.upstream_headers;
+            upstream.insert_header("X-Api-Key-Id", id.clone())?;
+            upstream.insert_header("X-Api-Plan", plan.clone())?;
         }
         Ok(())
     }
