@@ -4,6 +4,7 @@
 use animal_store_contract::{ErrorBody, ErrorCode, JSON_CONTENT_TYPE};
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
+use pingora::{Error, ErrorSource, ErrorType};
 use pingora_proxy::Session;
 
 use crate::headers;
@@ -28,6 +29,33 @@ impl GatewayError {
             message: message.into(),
             retry_after: None,
         }
+    }
+
+    /// The contract's answer for an error pingora raised while proxying; `None` when the client
+    /// is gone and nobody is left to answer.
+    pub fn from_proxy_error(e: &Error) -> Option<GatewayError> {
+        use ErrorType::*;
+        let error = match (e.etype(), e.esource()) {
+            (HTTPStatus(413), _) => {
+                GatewayError::new(ErrorCode::PayloadTooLarge, "the request body is too large")
+            }
+            (ReadTimedout | WriteTimedout, ErrorSource::Upstream) => GatewayError::new(
+                ErrorCode::GatewayTimeout,
+                "the upstream service did not answer in time",
+            ),
+            (_, ErrorSource::Upstream) => GatewayError::new(
+                ErrorCode::BadGateway,
+                "the upstream service could not be reached or answered badly",
+            ),
+            // The client went away: nobody to answer.
+            (ReadError | WriteError | ConnectionClosed, ErrorSource::Downstream) => return None,
+            (ReadTimedout, ErrorSource::Downstream) => return None,
+            (_, ErrorSource::Downstream) => {
+                GatewayError::new(ErrorCode::InvalidRequest, "the request could not be read")
+            }
+            _ => GatewayError::new(ErrorCode::InternalError, "an internal error occurred"),
+        };
+        Some(error)
     }
 
     /// The same error with a `Retry-After`.

@@ -73,3 +73,25 @@ pub fn render() -> Vec<u8> {
         .expect("encoding to a Vec cannot fail");
     out
 }
+
+/// Status as a label without allocating for the common ones.
+pub fn status_label(status: u16) -> &'static str {
+    match status {
+        200 => "200",
+        201 => "201",
+        400 => "400",
+        401 => "401",
+        404 => "404",
+        405 => "405",
+        410 => "410",
+        413 => "413",
+        415 => "415",
+        429 => "429",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        0 => "none",
+        _ => "other",
+    }
+}

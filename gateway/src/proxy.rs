@@ -25,7 +25,7 @@ use http::HeaderValue;
 use once_cell::sync::Lazy;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
-use pingora::{Error, ErrorSource, ErrorType, Result};
+use pingora::{Error, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::auth::{FailureBudget, authorize};
@@ -43,15 +43,6 @@ use crate::routes::{Route, normalize_path};
 /// upstream's own keep-alive timeout, so the gateway never writes into a connection the
 /// upstream has just closed.
 const UPSTREAM_IDLE: Duration = Duration::from_secs(30);
-/// Request headers that describe one hop and must not be forwarded.
-const HOP_BY_HOP: [&str; 6] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "proxy-authorization",
-];
 
 /// Per-request state, from the first phase to `logging`.
 pub struct Ctx {
@@ -275,32 +266,6 @@ fn client_ip(session: &Session) -> IpAddr {
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip())
 }
 
-/// The contract's answer for an error pingora raised while proxying.
-fn classify(e: &Error) -> Option<GatewayError> {
-    use ErrorType::*;
-    let error = match (e.etype(), e.esource()) {
-        (HTTPStatus(413), _) => {
-            GatewayError::new(ErrorCode::PayloadTooLarge, "the request body is too large")
-        }
-        (ReadTimedout | WriteTimedout, ErrorSource::Upstream) => GatewayError::new(
-            ErrorCode::GatewayTimeout,
-            "the upstream service did not answer in time",
-        ),
-        (_, ErrorSource::Upstream) => GatewayError::new(
-            ErrorCode::BadGateway,
-            "the upstream service could not be reached or answered badly",
-        ),
-        // The client went away: nobody to answer.
-        (ReadError | WriteError | ConnectionClosed, ErrorSource::Downstream) => return None,
-        (ReadTimedout, ErrorSource::Downstream) => return None,
-        (_, ErrorSource::Downstream) => {
-            GatewayError::new(ErrorCode::InvalidRequest, "the request could not be read")
-        }
-        _ => GatewayError::new(ErrorCode::InternalError, "an internal error occurred"),
-    };
-    Some(error)
-}
-
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = Ctx;
@@ -379,18 +344,7 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        let listed: Vec<String> = upstream
-            .headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(|name| name.trim().to_ascii_lowercase())
-            .filter(|name| !name.is_empty() && name != "close" && name != "keep-alive")
-            .collect();
-        for name in listed.iter().map(String::as_str).chain(HOP_BY_HOP) {
-            upstream.remove_header(name);
-        }
+        headers::strip_hop_by_hop(upstream);
         upstream.remove_header(&http::header::AUTHORIZATION);
         upstream.insert_header("X-Request-Id", &ctx.request_id)?;
         let ip = client_ip(session).to_string();
@@ -427,7 +381,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        let answer = classify(e);
+        let answer = GatewayError::from_proxy_error(e);
         if let Some(error) = &answer {
             if error.code == ErrorCode::InternalError {
                 log::error!("request {}: {e}", ctx.request_id);
@@ -462,7 +416,7 @@ impl ProxyHttp for Gateway {
             .map_or(ctx.status, |r| r.status.as_u16());
         let outcome = ctx.error_code.map_or("proxied", ErrorCode::as_str);
         metrics::RESPONSES
-            .with_label_values(&[status_label(status), outcome])
+            .with_label_values(&[metrics::status_label(status), outcome])
             .inc();
         metrics::DURATION.observe(ctx.started.elapsed().as_secs_f64());
         if log::log_enabled!(target: "access", log::Level::Info) {
@@ -481,27 +435,5 @@ impl ProxyHttp for Gateway {
                 ctx.started.elapsed().as_secs_f64() * 1000.0
             );
         }
-    }
-}
-
-/// Status as a label without allocating for the common ones.
-fn status_label(status: u16) -> &'static str {
-    match status {
-        200 => "200",
-        201 => "201",
-        400 => "400",
-        401 => "401",
-        404 => "404",
-        405 => "405",
-        410 => "410",
-        413 => "413",
-        415 => "415",
-        429 => "429",
-        500 => "500",
-        502 => "502",
-        503 => "503",
-        504 => "504",
-        0 => "none",
-        _ => "other",
     }
 }
