@@ -26,6 +26,7 @@ async fn free_key_counts_down_exactly_then_refuses_with_retry_after() {
     let key = stack.key(&["--plan", "free"]);
     let c = client();
     let mut reset = None;
+    let mut request_ids = std::collections::HashSet::new();
     for expected in (0..60).rev() {
         let r = c
             .get(stack.url("/v1/pets"))
@@ -48,7 +49,10 @@ async fn free_key_counts_down_exactly_then_refuses_with_retry_after() {
             this_reset,
             "one window, one reset"
         );
-        assert!(!h(hd, "x-request-id").is_empty());
+        assert!(
+            request_ids.insert(h(hd, "x-request-id").to_owned()),
+            "request ids are unique"
+        );
     }
     let now = unix_now();
     assert!((now..=now + 61).contains(&reset.unwrap()));

@@ -164,6 +164,27 @@ async fn after_the_sunset_the_operation_is_gone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_sunset_a_route_configured_to_forward_keeps_forwarding() {
+    let dir = tempfile::tempdir().unwrap();
+    let past = PETS_ROUTE
+        .replace("2030-12-05T00:00:00Z", "2021-01-01T00:00:00Z")
+        .replace(
+            "documentation = ",
+            "after_sunset = \"forward\"\ndocumentation = ",
+        );
+    let stack = Stack::start_with_text(dir.path(), &past);
+    let key = stack.key(&["--plan", "pro"]);
+    let r = client()
+        .get(stack.url("/v1/pets/1"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["sunset"], "Fri, 01 Jan 2021 00:00:00 GMT");
+    assert_error(r, 404, "not_found").await; // forwarded: the backend has no pet 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_is_502_and_slow_upstream_is_504_while_others_are_served() {
     let dir = tempfile::tempdir().unwrap();
     let slow = TestUpstream::start(Duration::from_secs(5)).await;
@@ -331,6 +352,22 @@ async fn ambiguous_paths_are_refused_before_any_decision() {
         serde_json::from_str::<Value>(&body).unwrap()["path"],
         "/v1/store/orders/5"
     );
+    // Hop-by-hop headers, and those the client's Connection header names, stay on this hop.
+    let request = format!(
+        "GET /v1/store/orders/6 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: timeout=5\r\nProxy-Authorization: Basic eA==\r\nX-End-To-End: kept\r\n\r\n"
+    );
+    let (status, _, body) = raw_http(stack.listen, request.as_bytes());
+    assert_eq!(status, 200);
+    let seen = &serde_json::from_str::<Value>(&body).unwrap()["headers"];
+    for hop in [
+        "x-hop",
+        "keep-alive",
+        "proxy-authorization",
+        "authorization",
+    ] {
+        assert!(seen.get(hop).is_none(), "{hop} was forwarded: {seen}");
+    }
+    assert_eq!(seen["x-end-to-end"], "kept");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 //! gateway's own alike, so they cannot differ.
 
 use http::HeaderValue;
-use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::http::ResponseHeader;
 
 use crate::auth::Budget;
 use crate::deprecation::Deprecation;
@@ -96,31 +96,4 @@ pub fn decorate(
         }
     }
     Ok(())
-}
-
-/// Request headers that describe one hop and must not be forwarded.
-const HOP_BY_HOP: [&str; 6] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "proxy-authorization",
-];
-
-/// Removes the headers that describe the client's hop (and any it names in `Connection`), so
-/// they are not forwarded upstream.
-pub fn strip_hop_by_hop(request: &mut RequestHeader) {
-    let listed: Vec<String> = request
-        .headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|name| name.trim().to_ascii_lowercase())
-        .filter(|name| !name.is_empty() && name != "close" && name != "keep-alive")
-        .collect();
-    for name in listed.iter().map(String::as_str).chain(HOP_BY_HOP) {
-        request.remove_header(name);
-    }
 }

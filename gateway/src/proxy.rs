@@ -6,8 +6,9 @@
 //!                         past sunset (410) → declared body too large (413)
 //! request_body_filter     streamed body too large (413)
 //! upstream_peer           the route's upstream, with its timeouts
-//! upstream_request_filter drop Authorization and hop-by-hop headers; add X-Request-Id,
-//!                         X-Forwarded-For, X-Api-Key-Id, X-Api-Plan
+//! upstream_request_filter drop Authorization; add X-Request-Id, X-Forwarded-For,
+//!                         X-Api-Key-Id, X-Api-Plan (pingora itself drops hop-by-hop headers
+//!                         and those the client's Connection header names)
 //! response_filter         rate-limit, request-id and deprecation headers
 //! fail_to_proxy           upstream unreachable → 502, too slow → 504 (JSON, same headers)
 //! logging                 metrics and the access log (key id only, never the key)
@@ -344,7 +345,6 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        headers::strip_hop_by_hop(upstream);
         upstream.remove_header(&http::header::AUTHORIZATION);
         upstream.insert_header("X-Request-Id", &ctx.request_id)?;
         let ip = client_ip(session).to_string();
