@@ -29,7 +29,7 @@ use pingora::prelude::HttpPeer;
 use pingora::{Error, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::auth::{FailureBudget, authorize};
+use crate::auth::{Budget, FailureBudget, authorize};
 use crate::config::{MAX_HEADERS, Settings};
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, respond, send};
@@ -86,24 +86,15 @@ impl Gateway {
         }
     }
 
-    /// Every decision before forwarding; `Err` is the answer to send instead.
+    /// Every decision before forwarding, in the order of the phase chart; `Err` is the answer to
+    /// send instead.
     fn admit(&self, session: &mut Session, ctx: &mut Ctx) -> std::result::Result<(), GatewayError> {
         ctx.now_ms = unix_ms();
-        let now = ctx.now_ms;
         let ip = client_ip(session);
-        if let Err(e) = self.normalize(session) {
-            ctx.rate = Some(RateHeaders::for_address(
-                &self.failures.peek(ip, now),
-                &self.address_policy,
-            ));
-            return Err(GatewayError::new(ErrorCode::InvalidRequest, e));
-        }
+        let unroutable = self.normalize(session).map_err(str::to_owned);
         let request = session.req_header();
-        if let Err(why) = self.check_headers(request) {
-            ctx.rate = Some(RateHeaders::for_address(
-                &self.failures.peek(ip, now),
-                &self.address_policy,
-            ));
+        if let Err(why) = unroutable.and_then(|()| self.check_headers(request)) {
+            ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));
             return Err(GatewayError::new(ErrorCode::InvalidRequest, why));
         }
         let path = request.uri.path();
@@ -113,65 +104,18 @@ impl Gateway {
             .and_then(|r| r.deprecation(request.method.as_str(), path))
             .cloned();
 
-        let authorization = request
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .map(HeaderValue::as_bytes);
-        let key = match authorize(authorization, &self.keys.current()) {
-            Ok(key) => key,
-            Err(failure) => {
-                let budget = self.failures.fail(ip, now);
-                ctx.rate = Some(RateHeaders::for_address(&budget, &self.address_policy));
-                if budget.exhausted {
-                    let wait = ceil_secs(budget.reset_ms.saturating_sub(now)).max(1);
-                    return Err(GatewayError::new(
-                        ErrorCode::TooManyAuthFailures,
-                        format!("too many requests with missing or invalid keys from this address; retry in {wait} s"),
-                    )
-                    .retry_after(Some(wait)));
-                }
-                return Err(GatewayError::new(
-                    ErrorCode::Unauthorized,
-                    failure.message(),
-                ));
-            }
-        };
-
-        let decision = self.limiter.check(key.id, key.limits, now);
-        ctx.rate = Some(RateHeaders::for_key(&decision, &key.policy));
-        let retry = decision.retry_after_secs(now);
-        let wait = retry.unwrap_or(1);
-        let refusal = match decision.verdict {
-            Verdict::Admitted => None,
-            Verdict::RateLimited => Some((
-                ErrorCode::RateLimited,
-                format!(
-                    "this key's limit of {} requests per minute is spent; retry in {wait} s",
-                    key.limits.per_minute
-                ),
-            )),
-            Verdict::QuotaExceeded => Some((
-                ErrorCode::QuotaExceeded,
-                format!(
-                    "this key's quota of {} requests per day is spent; it resets at 00:00 UTC, in {wait} s",
-                    key.limits.per_day
-                ),
-            )),
-            Verdict::Banned => Some((
-                ErrorCode::KeyBanned,
-                format!(
-                    "this key is banned for repeated requests over its limit; retry in {wait} s"
-                ),
-            )),
-        };
-        ctx.key = Some(key);
-        if let Some((code, message)) = refusal {
-            return Err(GatewayError::new(code, message).retry_after(retry));
-        }
+        let key = self.authenticate(request, ip, ctx)?;
+        let limited = self.apply_limits(&key, ctx);
+        ctx.key = Some(key); // also for refusals: the access log names the key
+        limited?;
 
         let route = route
             .ok_or_else(|| GatewayError::new(ErrorCode::NotFound, "no route for this path"))?;
-        if let Some(d) = ctx.deprecation.as_ref().filter(|d| d.is_gone(now / 1000)) {
+        if let Some(d) = ctx
+            .deprecation
+            .as_ref()
+            .filter(|d| d.is_gone(ctx.now_ms / 1000))
+        {
             let sunset = d.sunset_header.to_str().unwrap_or("its sunset date");
             return Err(GatewayError::new(
                 ErrorCode::Gone,
@@ -192,6 +136,78 @@ impl Gateway {
             return Err(self.too_large());
         }
         Ok(())
+    }
+
+    /// The key the request carries; a failure spends the client address's budget.
+    fn authenticate(
+        &self,
+        request: &RequestHeader,
+        ip: IpAddr,
+        ctx: &mut Ctx,
+    ) -> std::result::Result<Arc<ActiveKey>, GatewayError> {
+        let authorization = request
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
+        let failure = match authorize(authorization, &self.keys.current()) {
+            Ok(key) => return Ok(key),
+            Err(failure) => failure,
+        };
+        let budget = self.failures.fail(ip, ctx.now_ms);
+        ctx.rate = Some(self.address_rate(budget));
+        if !budget.exhausted {
+            return Err(GatewayError::new(
+                ErrorCode::Unauthorized,
+                failure.message(),
+            ));
+        }
+        let wait = ceil_secs(budget.reset_ms.saturating_sub(ctx.now_ms)).max(1);
+        Err(GatewayError::new(
+            ErrorCode::TooManyAuthFailures,
+            format!("too many requests with missing or invalid keys from this address; retry in {wait} s"),
+        )
+        .retry_after(Some(wait)))
+    }
+
+    /// Counts the request against the key's limits, or says which one refuses it.
+    fn apply_limits(
+        &self,
+        key: &ActiveKey,
+        ctx: &mut Ctx,
+    ) -> std::result::Result<(), GatewayError> {
+        let decision = self.limiter.check(key.id, key.limits, ctx.now_ms);
+        ctx.rate = Some(RateHeaders::for_key(&decision, &key.policy));
+        let retry = decision.retry_after_secs(ctx.now_ms);
+        let wait = retry.unwrap_or(1);
+        let (code, message) = match decision.verdict {
+            Verdict::Admitted => return Ok(()),
+            Verdict::RateLimited => (
+                ErrorCode::RateLimited,
+                format!(
+                    "this key's limit of {} requests per minute is spent; retry in {wait} s",
+                    key.limits.per_minute
+                ),
+            ),
+            Verdict::QuotaExceeded => (
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "this key's quota of {} requests per day is spent; it resets at 00:00 UTC, in {wait} s",
+                    key.limits.per_day
+                ),
+            ),
+            Verdict::Banned => (
+                ErrorCode::KeyBanned,
+                format!(
+                    "this key is banned for repeated requests over its limit; retry in {wait} s"
+                ),
+            ),
+        };
+        Err(GatewayError::new(code, message).retry_after(retry))
+    }
+
+    /// The rate-limit headers of a request without a valid key: its address's failure budget.
+    fn address_rate(&self, budget: Budget) -> RateHeaders {
+        RateHeaders::for_address(&budget, &self.address_policy)
     }
 
     /// Rewrites the request path to its one normalized form, or says why it has none.
@@ -291,8 +307,7 @@ impl ProxyHttp for Gateway {
         if request.uri.path() == OPENAPI_PATH && request.method == http::Method::GET {
             // The API description is public: no key, nothing counted against one.
             ctx.now_ms = unix_ms();
-            let budget = self.failures.peek(client_ip(session), ctx.now_ms);
-            ctx.rate = Some(RateHeaders::for_address(&budget, &self.address_policy));
+            ctx.rate = Some(self.address_rate(self.failures.peek(client_ip(session), ctx.now_ms)));
             let response = ResponseHeader::build(200, Some(8))?;
             send(
                 session,
