@@ -43,7 +43,7 @@ pub fn gateway(config: &FileConfig) -> anyhow::Result<()> {
         let gateway = Gateway::start(settings, config);
         tokio::select! {
             () = signal => {}
-            result = gateway.ended() => return result,
+            () = gateway.ended() => {} // it failed: stop() returns why
         }
         gateway.stop().await
     })
@@ -63,18 +63,18 @@ pub fn serve(config: &FileConfig) -> anyhow::Result<()> {
         });
         tokio::pin!(backend);
         let gateway = Gateway::start(settings, config);
-        let early = tokio::select! {
+        let backend_ended = tokio::select! {
             () = signal => None,
-            result = &mut backend => Some(result.context("the backend stopped")),
-            result = gateway.ended() => Some(result.and_then(|()| anyhow::bail!("the gateway stopped"))),
+            result = &mut backend => Some(result.and_then(|()| anyhow::bail!("the backend stopped"))),
+            () = gateway.ended() => None, // it failed: stop() returns why
         };
         let gateway_result = gateway.stop().await;
         let _ = stop_backend.send(());
-        if let Some(result) = early {
-            return result;
-        }
-        backend.await?;
-        gateway_result
+        let backend_result = match backend_ended {
+            Some(result) => result,
+            None => backend.await,
+        };
+        gateway_result.and(backend_result)
     })
 }
 
@@ -126,9 +126,8 @@ impl Gateway {
     }
 
     /// Resolves if the gateway stops by itself (it failed to start).
-    async fn ended(&self) -> anyhow::Result<()> {
+    async fn ended(&self) {
         let _ = (&mut *self.ended.lock().await).await;
-        Ok(())
     }
 
     /// Asks for a graceful stop and waits for it.

@@ -279,3 +279,28 @@ fn check_config_names_the_line_at_fault() {
     assert_ne!(code, 0);
     assert!(err.contains("gateway.routes[0].upstream"), "{err}");
 }
+
+#[test]
+fn a_damaged_key_store_stops_the_gateway_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("keys.json"), "{broken").unwrap();
+    for command in ["gateway", "serve"] {
+        let (code, _, err) = cli(&[
+            command,
+            "--config",
+            common::shipped_config().to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            &common::free_addr().to_string(),
+            "--admin-listen",
+            &common::free_addr().to_string(),
+            "--backend-listen",
+            &common::free_addr().to_string(),
+        ]);
+        assert_eq!(code, 1, "{command}: {err}");
+        assert!(err.contains("keys.json is damaged"), "{command}: {err}");
+    }
+}
