@@ -10,7 +10,7 @@ use warp::reply::Response;
 
 use crate::errors::ApiError;
 use crate::models::{self, ListQuery};
-use crate::store::{Created, IdempotencyKey, Store};
+use crate::store::{Created, IdempotencyKey, Store, unix_now};
 use animal_store_contract::{ErrorCode, JSON_CONTENT_TYPE};
 
 /// The public path of the collection; `Location` and `Link` are built from it.
@@ -179,12 +179,6 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiErr
         scope,
         key: key.to_owned(),
     }))
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 fn get(pet_id: &str, store: &Store) -> Result<Response, ApiError> {

@@ -31,6 +31,8 @@ use crate::models::{ListQuery, NewPet, Pet, PetStatus};
 
 /// How long an idempotency key is remembered.
 pub const IDEMPOTENCY_TTL_SECS: u64 = 24 * 3600;
+/// How often expired idempotency records are removed.
+const IDEMPOTENCY_PURGE_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// A client's `Idempotency-Key`, scoped to the API key that sent it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,7 +152,30 @@ impl Store {
             }),
         };
         tokio::spawn(run_flusher(store.clone(), rx));
+        tokio::spawn(store.clone().purge_idempotency_hourly());
         Ok(store)
+    }
+
+    /// Removes idempotency records older than 24 hours, so the tree does not grow with every
+    /// key a client ever sent; returns how many went.
+    pub fn purge_expired_idempotency(&self, now_unix: u64) -> Result<usize, StoreError> {
+        self.trees()?.purge_expired_idempotency(now_unix)
+    }
+
+    async fn purge_idempotency_hourly(self) {
+        let mut tick = tokio::time::interval(IDEMPOTENCY_PURGE_INTERVAL);
+        tick.tick().await; // the first tick is immediate
+        loop {
+            tick.tick().await;
+            let store = self.clone();
+            let now = unix_now();
+            match tokio::task::spawn_blocking(move || store.purge_expired_idempotency(now)).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => log::info!("store: purged {n} expired idempotency records"),
+                Ok(Err(e)) => log::warn!("store: purging idempotency records failed: {e}"),
+                Err(_) => return, // the runtime is shutting down
+            }
+        }
     }
 
     /// The database in use, or `Recovering` while it is being reopened.
@@ -267,6 +292,26 @@ impl Store {
 }
 
 impl Trees {
+    fn purge_expired_idempotency(&self, now_unix: u64) -> Result<usize, StoreError> {
+        let mut purged = 0;
+        for entry in self.idempotency.iter() {
+            let (key, value) = entry?;
+            let created =
+                serde_json::from_slice::<IdempotencyRecord>(&value).map_or(0, |r| r.created);
+            if now_unix.saturating_sub(created) >= IDEMPOTENCY_TTL_SECS {
+                // Only if unchanged: a concurrent create may have just renewed this key.
+                if self
+                    .idempotency
+                    .compare_and_swap(&key, Some(&value), None::<&[u8]>)?
+                    .is_ok()
+                {
+                    purged += 1;
+                }
+            }
+        }
+        Ok(purged)
+    }
+
     fn insert(
         &self,
         new: NewPet,
@@ -436,5 +481,75 @@ impl std::fmt::Debug for Store {
         f.debug_struct("Store")
             .field("mode", &self.shared.mode)
             .finish()
+    }
+}
+
+/// Unix seconds now.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pet(name: &str) -> NewPet {
+        NewPet {
+            name: name.to_owned(),
+            category_id: 1,
+            status: PetStatus::Available,
+        }
+    }
+
+    fn key(k: &str) -> Option<IdempotencyKey> {
+        Some(IdempotencyKey {
+            scope: "k1".to_owned(),
+            key: k.to_owned(),
+        })
+    }
+
+    #[tokio::test]
+    async fn idempotency_records_expire_and_are_purged_after_24_hours() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), CommitMode::Group).unwrap();
+        let t0 = 1_795_341_600;
+        let Created::New(first) = store.create(pet("a"), key("old"), t0).await.unwrap() else {
+            panic!()
+        };
+        store
+            .create(pet("b"), key("new"), t0 + 20 * 3600)
+            .await
+            .unwrap();
+        // Within 24 h a retry is a replay; the purge keeps both records.
+        let later = t0 + IDEMPOTENCY_TTL_SECS - 1;
+        assert_eq!(
+            store.create(pet("a"), key("old"), later).await.unwrap(),
+            Created::Replayed(first.clone())
+        );
+        assert_eq!(store.purge_expired_idempotency(later).unwrap(), 0);
+        // At 24 h the first expires and is purged; the second stays.
+        assert_eq!(
+            store
+                .purge_expired_idempotency(t0 + IDEMPOTENCY_TTL_SECS)
+                .unwrap(),
+            1
+        );
+        let Created::New(again) = store
+            .create(pet("a"), key("old"), t0 + IDEMPOTENCY_TTL_SECS)
+            .await
+            .unwrap()
+        else {
+            panic!("an expired key creates a new pet")
+        };
+        assert!(again.id > first.id);
+        assert!(matches!(
+            store
+                .create(pet("x"), key("new"), t0 + 21 * 3600)
+                .await
+                .unwrap(),
+            Created::KeyReused
+        ));
     }
 }
