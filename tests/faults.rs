@@ -20,14 +20,7 @@ fn rss_kib(pid: u32) -> u64 {
 async fn sigterm_under_load_completes_in_flight_requests_and_loses_no_acknowledged_write() {
     let dir = tempfile::tempdir().unwrap();
     let mut stack = Stack::start(dir.path());
-    let key = stack.key(&[
-        "--plan",
-        "enterprise",
-        "--per-minute",
-        "1000000",
-        "--per-day",
-        "10000000",
-    ]);
+    let key = stack.enterprise_key(1000000, 10000000);
     let c = client();
     let acknowledged = Arc::new(Mutex::new(Vec::<Value>::new()));
     let unexpected = Arc::new(Mutex::new(Vec::<u16>::new()));
@@ -158,13 +151,5 @@ async fn a_flood_of_distinct_bad_keys_leaves_memory_flat() {
     );
     // The gateway still serves real keys.
     let key = stack.key(&["--plan", "pro"]);
-    assert_eq!(
-        c.get(stack.url("/v1/pets"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(stack.get(&c, "/v1/pets", &key).await.status(), 200);
 }

@@ -12,12 +12,7 @@ async fn within_two_seconds(stack: &Stack, key: &str, status: u16) -> bool {
     let c = client();
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
-        let r = c
-            .get(stack.url("/v1/pets"))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap();
+        let r = stack.get(&c, "/v1/pets", key).await;
         if r.status() == status {
             return true;
         }
@@ -175,12 +170,7 @@ async fn bad_keys_spend_the_address_budget_then_get_429() {
     assert!((1..=60).contains(&retry));
     assert_error(r, 429, "too_many_auth_failures").await;
     // A valid key from the same address is still served.
-    let r = c
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/pets", &key).await;
     assert_eq!(r.status(), 200);
     // The scheme name is case-insensitive.
     let r = c

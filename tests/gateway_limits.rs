@@ -28,12 +28,7 @@ async fn free_key_counts_down_exactly_then_refuses_with_retry_after() {
     let mut reset = None;
     let mut request_ids = std::collections::HashSet::new();
     for expected in (0..60).rev() {
-        let r = c
-            .get(stack.url("/v1/pets"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap();
+        let r = stack.get(&c, "/v1/pets", &key).await;
         assert_eq!(r.status(), 200);
         let hd = r.headers();
         assert_eq!(num(hd, "x-ratelimit-limit"), 60);
@@ -56,12 +51,7 @@ async fn free_key_counts_down_exactly_then_refuses_with_retry_after() {
     }
     let now = unix_now();
     assert!((now..=now + 61).contains(&reset.unwrap()));
-    let r = c
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/pets", &key).await;
     let hd = r.headers().clone();
     let retry: u64 = num(&hd, "retry-after");
     assert!((1..=60).contains(&retry), "Retry-After {retry}");
@@ -119,12 +109,7 @@ async fn of_150_concurrent_requests_exactly_60_are_admitted() {
     }
     assert_eq!((admitted, refused), (60, 90));
     // 90 refusals in one window: the key is now banned, for the configured 15 minutes.
-    let r = c
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/pets", &key).await;
     let retry = num(r.headers(), "retry-after");
     assert!((890..=900).contains(&retry), "ban Retry-After {retry}");
     assert_eq!(num(r.headers(), "x-ratelimit-remaining"), 0);
@@ -137,41 +122,16 @@ async fn of_150_concurrent_requests_exactly_60_are_admitted() {
 async fn a_retry_after_retry_after_seconds_is_admitted() {
     let dir = tempfile::tempdir().unwrap();
     let stack = Stack::start(dir.path());
-    let key = stack.key(&[
-        "--plan",
-        "enterprise",
-        "--per-minute",
-        "2",
-        "--per-day",
-        "100",
-    ]);
+    let key = stack.enterprise_key(2, 100);
     let c = client();
     for _ in 0..2 {
-        assert_eq!(
-            c.get(stack.url("/v1/pets"))
-                .bearer_auth(&key)
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            200
-        );
+        assert_eq!(stack.get(&c, "/v1/pets", &key).await.status(), 200);
     }
-    let r = c
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/pets", &key).await;
     assert_eq!(r.status(), 429);
     let retry = num(r.headers(), "retry-after");
     tokio::time::sleep(Duration::from_secs(retry)).await;
-    let r = c
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/pets", &key).await;
     assert_eq!(r.status(), 200, "admitted after Retry-After ({retry} s)");
     assert_eq!(
         num(r.headers(), "x-ratelimit-remaining"),
@@ -184,23 +144,11 @@ async fn a_retry_after_retry_after_seconds_is_admitted() {
 async fn the_day_quota_answers_quota_exceeded_until_utc_midnight() {
     let dir = tempfile::tempdir().unwrap();
     let stack = Stack::start(dir.path());
-    let key = stack.key(&[
-        "--plan",
-        "enterprise",
-        "--per-minute",
-        "100",
-        "--per-day",
-        "3",
-    ]);
+    let key = stack.enterprise_key(100, 3);
     let c = client();
     let midnight = (unix_now() / 86_400 + 1) * 86_400;
     for remaining in [2, 1, 0] {
-        let r = c
-            .get(stack.url("/v1/pets"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap();
+        let r = stack.get(&c, "/v1/pets", &key).await;
         assert_eq!(r.status(), 200);
         assert_eq!(num(r.headers(), "x-ratelimit-remaining"), remaining);
         assert_eq!(
@@ -210,12 +158,7 @@ async fn the_day_quota_answers_quota_exceeded_until_utc_midnight() {
         );
         assert_eq!(num(r.headers(), "x-ratelimit-reset"), midnight);
     }
-    let r = c
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/pets", &key).await;
     let retry = num(r.headers(), "retry-after");
     let expected = midnight - unix_now();
     assert!(
@@ -232,22 +175,8 @@ async fn bans_last_their_configured_time_double_and_spare_other_keys() {
     let config =
         format!("[gateway.bans]\nthreshold = 3\nbase_seconds = 2\nmax_seconds = 3\n{PETS_ROUTE}");
     let stack = Stack::start_with_text(dir.path(), &config);
-    let key = stack.key(&[
-        "--plan",
-        "enterprise",
-        "--per-minute",
-        "1",
-        "--per-day",
-        "1000",
-    ]);
-    let other = stack.key(&[
-        "--plan",
-        "enterprise",
-        "--per-minute",
-        "1",
-        "--per-day",
-        "1000",
-    ]);
+    let key = stack.enterprise_key(1, 1000);
+    let other = stack.enterprise_key(1, 1000);
     let c = client();
     let get = |k: &str| {
         c.get(stack.url("/v1/pets"))

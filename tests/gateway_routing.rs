@@ -61,20 +61,10 @@ async fn a_second_upstream_is_one_configuration_entry_with_auth_limits_and_heade
     assert_eq!(orders.hits(), hits);
 
     // Counts against the same key as the pets routes.
-    let r = c
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/pets", &key).await;
     assert_eq!(r.headers()["x-ratelimit-remaining"], "58");
     // No route: 404 from the gateway.
-    let r = c
-        .get(stack.url("/v1/store/inventory"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/store/inventory", &key).await;
     assert!(r.headers().get("x-ratelimit-limit").is_some());
     assert_error(r, 404, "not_found").await;
 }
@@ -126,12 +116,7 @@ async fn deprecation_headers_only_on_get_pet() {
     let r = c.get(stack.url("/v1/pets/1")).send().await.unwrap();
     assert_eq!(r.status(), 401);
     assert!(r.headers().get("sunset").is_some());
-    let r = c
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/pets", &key).await;
     assert!(r.headers().get("deprecation").is_none() && r.headers().get("link").is_none());
 }
 
@@ -144,23 +129,10 @@ async fn after_the_sunset_the_operation_is_gone() {
     let stack = Stack::start_with_text(dir.path(), &past);
     let key = stack.key(&["--plan", "pro"]);
     let c = client();
-    let r = c
-        .get(stack.url("/v1/pets/1"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/pets/1", &key).await;
     assert_eq!(r.headers()["sunset"], "Fri, 01 Jan 2021 00:00:00 GMT");
     assert_error(r, 410, "gone").await;
-    assert_eq!(
-        c.get(stack.url("/v1/pets"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(stack.get(&c, "/v1/pets", &key).await.status(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,12 +169,7 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504_while_others_are_s
     let key = stack.key(&["--plan", "pro"]);
     let c = client();
 
-    let r = c
-        .get(stack.url("/v1/closed/x"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/closed/x", &key).await;
     assert!(r.headers().get("x-ratelimit-remaining").is_some());
     assert!(r.headers().get("x-request-id").is_some());
     assert_error(r, 502, "bad_gateway").await;
@@ -213,12 +180,7 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504_while_others_are_s
         async move { c.get(url).bearer_auth(key).send().await.unwrap() }
     });
     // While that request waits on the slow upstream, others are served.
-    let r = c
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/v1/pets", &key).await;
     assert_eq!(r.status(), 200);
     let r = slow_request.await.unwrap();
     assert!(
@@ -442,12 +404,7 @@ async fn idle_half_open_connections_do_not_stop_the_gateway() {
     }
     let c = client();
     for _ in 0..20 {
-        let r = c
-            .get(stack.url("/v1/pets"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap();
+        let r = stack.get(&c, "/v1/pets", &key).await;
         assert_eq!(r.status(), 200);
     }
     drop(idle);
@@ -459,11 +416,7 @@ async fn admin_listener_serves_health_readiness_and_metrics() {
     let stack = Stack::start(dir.path());
     let key = stack.key(&["--plan", "pro"]);
     let c = client();
-    c.get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    stack.get(&c, "/v1/pets", &key).await;
     c.get(stack.url("/v1/pets")).send().await.unwrap();
     let admin = |p: &str| format!("http://{}{p}", stack.admin);
     assert_eq!(c.get(admin("/healthz")).send().await.unwrap().status(), 200);
@@ -487,12 +440,7 @@ async fn admin_listener_serves_health_readiness_and_metrics() {
     assert!(metrics.contains("gateway_active_keys 2"), "{metrics}");
     assert!(!metrics.contains(&key[20..]), "no key material in metrics");
     // The public listener does not serve admin paths.
-    let r = c
-        .get(stack.url("/metrics"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&c, "/metrics", &key).await;
     assert_error(r, 404, "not_found").await;
 }
 

@@ -22,12 +22,7 @@ async fn create(
 }
 
 async fn all_pets(c: &reqwest::Client, stack: &Stack, key: &str) -> Vec<Value> {
-    let r = c
-        .get(stack.url("/v1/pets?limit=100"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(c, "/v1/pets?limit=100", key).await;
     r.json().await.unwrap()
 }
 

@@ -306,6 +306,17 @@ impl Stack {
         panic!("the gateway did not load the new key within 10 s");
     }
 
+    /// Issues an enterprise key with its own limits and waits until the gateway uses it.
+    pub fn enterprise_key(&self, per_minute: u32, per_day: u32) -> String {
+        let (m, d) = (per_minute.to_string(), per_day.to_string());
+        self.key(&["--plan", "enterprise", "--per-minute", &m, "--per-day", &d])
+    }
+
+    /// `GET path` through the gateway with `key` as the bearer.
+    pub async fn get(&self, c: &reqwest::Client, path: &str, key: &str) -> reqwest::Response {
+        c.get(self.url(path)).bearer_auth(key).send().await.unwrap()
+    }
+
     /// Runs `animal-store keys ARGS` against this stack's data directory.
     pub fn keys_cli(&self, args: &[&str]) -> (i32, String, String) {
         let mut all = vec!["keys"];
