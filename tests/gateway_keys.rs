@@ -32,12 +32,7 @@ async fn keys_created_and_revoked_take_effect_in_a_running_gateway() {
         within_two_seconds(&stack, &key, 200).await,
         "a new key works within 2 s"
     );
-    let r = client()
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&client(), "/v1/pets", &key).await;
     assert_eq!(r.headers()["x-ratelimit-limit"], "1000");
 
     let (code, out, _) = stack.keys_cli(&["revoke", key_id(&key)]);
@@ -215,12 +210,7 @@ async fn first_start_issues_a_free_key_with_a_working_curl_line() {
         )),
         "{stdout}"
     );
-    let r = client()
-        .get(stack.url("/v1/pets"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&client(), "/v1/pets", &key).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-ratelimit-limit"], "60", "a Free key");
     assert!(

@@ -146,12 +146,7 @@ async fn after_the_sunset_a_route_configured_to_forward_keeps_forwarding() {
         );
     let stack = Stack::start_with_text(dir.path(), &past);
     let key = stack.key(&["--plan", "pro"]);
-    let r = client()
-        .get(stack.url("/v1/pets/1"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.get(&client(), "/v1/pets/1", &key).await;
     assert_eq!(r.headers()["sunset"], "Fri, 01 Jan 2021 00:00:00 GMT");
     assert_error(r, 404, "not_found").await; // forwarded: the backend has no pet 1
 }

@@ -139,7 +139,9 @@ mod tests {
             .create(&Plans::defaults(), "free", None, None, None)
             .unwrap();
         let keys = KeySet::build(&store.load().unwrap(), &Plans::defaults());
-        let auth = |h: &str| authorize(Some(h.as_bytes()), &keys).map(|k| k.plan.clone());
+        let auth = |h: &str| {
+            authorize(Some(h.as_bytes()), &keys).map(|k| k.plan.to_str().unwrap().to_owned())
+        };
         assert_eq!(auth(&format!("Bearer {key}")), Ok("free".to_owned()));
         assert_eq!(auth(&format!("bearer {key}")), Ok("free".to_owned()));
         assert_eq!(auth(&format!("BEARER  {key} ")), Ok("free".to_owned()));

@@ -260,14 +260,14 @@ impl KeyStore {
 pub struct ActiveKey {
     /// Public id.
     pub id: KeyId,
-    /// Plan name, forwarded to upstreams.
-    pub plan: String,
+    /// The plan's name, as forwarded upstream in `X-Api-Plan`.
+    pub plan: http::HeaderValue,
     /// Effective limits (plan or override).
     pub limits: Limits,
     /// `RateLimit-Policy` for these limits, rendered once.
     pub policy: http::HeaderValue,
-    /// The id and the plan as forwarded upstream (`X-Api-Key-Id`, `X-Api-Plan`), rendered once.
-    pub upstream_headers: [http::HeaderValue; 2],
+    /// The id as forwarded upstream in `X-Api-Key-Id`, rendered once.
+    pub id_header: http::HeaderValue,
     sha256: [u8; 32],
 }
 
@@ -294,7 +294,7 @@ impl KeySet {
             }
             match plans.resolve(&record.plan, record.per_minute, record.per_day) {
                 Ok(limits) => {
-                    let Ok(plan_header) = http::HeaderValue::from_str(&record.plan) else {
+                    let Ok(plan) = http::HeaderValue::from_str(&record.plan) else {
                         log::warn!(
                             "key store: skipping key {id}: its plan name is not header text"
                         );
@@ -304,10 +304,10 @@ impl KeySet {
                         http::HeaderValue::try_from(id.to_string()).expect("hex digits");
                     let key = ActiveKey {
                         id,
-                        plan: record.plan.clone(),
+                        plan,
                         limits,
                         policy: crate::headers::key_policy(limits),
-                        upstream_headers: [id_header, plan_header],
+                        id_header,
                         sha256,
                     };
                     by_id.insert(id, Arc::new(key));

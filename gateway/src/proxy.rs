@@ -373,9 +373,8 @@ impl ProxyHttp for Gateway {
         };
         upstream.insert_header("X-Forwarded-For", forwarded)?;
         if let Some(key) = &ctx.key {
-            let [id, plan] = &key.upstream_headers;
-            upstream.insert_header("X-Api-Key-Id", id.clone())?;
-            upstream.insert_header("X-Api-Plan", plan.clone())?;
+            upstream.insert_header("X-Api-Key-Id", key.id_header.clone())?;
+            upstream.insert_header("X-Api-Plan", key.plan.clone())?;
         }
         Ok(())
     }
