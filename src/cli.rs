@@ -52,10 +52,10 @@ pub enum KeysCommand {
         name: Option<String>,
         /// Requests per minute, overriding the plan (required for enterprise).
         #[arg(long)]
-        per_minute: Option<u32>,
+        per_minute: Option<u64>,
         /// Requests per UTC day, overriding the plan (required for enterprise).
         #[arg(long)]
-        per_day: Option<u32>,
+        per_day: Option<u64>,
     },
     /// One line per key: id, name, plan, limits, created, revoked. Never the key.
     List,
@@ -84,4 +84,9 @@ pub struct Overrides {
     /// The admin listener: /metrics, /healthz, /readyz [default: 127.0.0.1:9090].
     #[arg(long, global = true)]
     pub admin_listen: Option<SocketAddr>,
+    /// Share keys, counts, quotas and bans with other gateways through Redis:
+    /// redis://host:port[/db], or several cluster nodes separated by commas [default: none,
+    /// state stays in the data directory].
+    #[arg(long, global = true)]
+    pub redis_url: Option<String>,
 }

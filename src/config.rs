@@ -110,6 +110,9 @@ pub fn load(overrides: &Overrides) -> Result<FileConfig, ConfigError> {
     if let Some(addr) = overrides.admin_listen {
         config.gateway.admin_listen = addr;
     }
+    if let Some(url) = &overrides.redis_url {
+        config.gateway.redis.url = Some(url.clone());
+    }
     Ok(config)
 }
 

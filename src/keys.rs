@@ -1,14 +1,14 @@
-//! `animal-store keys`: issue, list and revoke API keys in the data directory's key store.
-//! A running gateway picks the change up within its `key_refresh_ms`.
-
-use animal_store_gateway::KeyStore;
+//! `animal-store keys`: issue, list and revoke API keys in the key store: the data directory's
+//! file, or Redis with `--redis-url`. A running gateway picks the change up within its
+//! `key_refresh_ms`.
 
 use crate::cli::KeysCommand;
 use crate::config::FileConfig;
 
 /// Runs one `keys` subcommand.
 pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
-    let store = KeyStore::new(&config.data_dir);
+    let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
+    let store = animal_store_gateway::key_source(&settings, &config.data_dir)?;
     let plans = &config.gateway.plans;
     match command {
         KeysCommand::Create {
@@ -17,7 +17,8 @@ pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
             per_minute,
             per_day,
         } => {
-            let (record, key) = store.create(plans, &plan, name, per_minute, per_day)?;
+            let (record, key) =
+                store.blocking(store.create(plans, &plan, name, per_minute, per_day))?;
             eprintln!(
                 "issued key {} on plan {}; it is shown only this once",
                 record.id, record.plan
@@ -25,7 +26,7 @@ pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
             println!("{key}");
         }
         KeysCommand::List => {
-            for r in store.load()? {
+            for r in store.blocking(store.load())? {
                 let limits = plans.resolve(&r.plan, r.per_minute, r.per_day);
                 let (per_minute, per_day) = match limits {
                     Ok(l) => (l.per_minute.to_string(), l.per_day.to_string()),
@@ -42,7 +43,7 @@ pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
             }
         }
         KeysCommand::Revoke { id_or_key } => {
-            let record = store.revoke(&id_or_key)?;
+            let record = store.blocking(store.revoke(&id_or_key))?;
             println!("revoked key {}", record.id);
         }
     }

@@ -3,7 +3,7 @@
 
 use std::thread::JoinHandle;
 
-use animal_store_gateway::{KeyStore, Settings};
+use animal_store_gateway::Settings;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -143,19 +143,27 @@ impl Gateway {
 }
 
 /// On first start with an empty key store, issues one Free key and prints it with a ready
-/// `curl` line, so a newcomer can call the API at once. The key is never shown again.
+/// `curl` line, so a newcomer can call the API at once. The key is never shown again. A shared
+/// store (Redis) out of reach is no reason not to start: the gateway says so itself.
 fn issue_first_key(config: &FileConfig, settings: &Settings) -> anyhow::Result<()> {
-    let store = KeyStore::new(&config.data_dir);
-    if !store.load()?.is_empty() {
-        return Ok(());
+    let store = animal_store_gateway::key_source(settings, &config.data_dir)?;
+    let existing = store.blocking(store.load());
+    match existing {
+        Ok(keys) if !keys.is_empty() => return Ok(()),
+        Ok(_) => {}
+        Err(e) if settings.redis.is_some() => {
+            log::warn!("no first-run key: {e}");
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
     }
-    let (record, key) = store.create(
+    let (record, key) = store.blocking(store.create(
         &settings.plans,
         "free",
         Some("first-run".to_owned()),
         None,
         None,
-    )?;
+    ))?;
     println!(
         "No API keys yet, so one Free-plan key was issued (id {}). It is shown only this once:\n\n    {key}\n\nTry it:\n\n    curl -i -H 'Authorization: Bearer {key}' http://{}/v1/pets\n",
         record.id, settings.listen

@@ -33,15 +33,27 @@ impl Default for BanPolicy {
 /// One key's ban history.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BanState {
-    until_ms: u64,
-    last_start_ms: Option<u64>,
-    level: u32,
+    /// Unix milliseconds at which the current (or last) ban ends.
+    pub until_ms: u64,
+    /// When the last ban started, if there was one.
+    pub last_start_ms: Option<u64>,
+    /// Doublings of the last ban (0 for a first ban).
+    pub level: u32,
 }
 
 impl BanState {
     /// When the current ban ends, if the key is banned at `now_ms`.
     pub fn active_until(&self, now_ms: u64) -> Option<u64> {
         (now_ms < self.until_ms).then_some(self.until_ms)
+    }
+
+    /// Whether this history can no longer affect a ban at `now_ms`: no ban is active and a new
+    /// one would not be a repeat.
+    pub fn is_forgotten(&self, policy: &BanPolicy, now_ms: u64) -> bool {
+        now_ms >= self.until_ms
+            && self.last_start_ms.is_none_or(|last| {
+                now_ms.saturating_sub(last) >= policy.repeat_window.as_millis() as u64
+            })
     }
 
     /// Bans the key from `now_ms`; returns when the ban ends.

@@ -13,8 +13,10 @@ use serde::Deserialize;
 
 use crate::bans::BanPolicy;
 use crate::deprecation::{AfterSunset, Deprecation};
-use crate::plans::Plans;
+use crate::plans::{MAX_LIMIT, Plans};
 use crate::routes::{Route, Routes, normalize_path};
+use crate::store::Fallback;
+use crate::store::redis::DEFAULT_TIMEOUT_MS;
 
 /// Default public listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -68,6 +70,32 @@ pub struct GatewayConfig {
     pub bans: BansConfig,
     /// `[[gateway.routes]]`: path prefixes and their upstreams.
     pub routes: Vec<RouteConfig>,
+    /// `[gateway.redis]`: share keys and limits with other gateways.
+    pub redis: RedisConfig,
+}
+
+/// `[gateway.redis]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// `redis://host:port[/db]`, or several seed nodes of a cluster separated by commas. Unset:
+    /// keys and limits stay in the data directory (`--redis-url` sets it too).
+    pub url: Option<String>,
+    /// A limit decision Redis has not answered within this many milliseconds is made by the
+    /// fallback instead.
+    pub timeout_ms: NonZeroU64,
+    /// While Redis cannot decide: `local` (this gateway's share of each limit), `allow`, `deny`.
+    pub fallback: Fallback,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: None,
+            timeout_ms: NonZeroU64::new(DEFAULT_TIMEOUT_MS).expect("non-zero"),
+            fallback: Fallback::Local,
+        }
+    }
 }
 
 impl Default for GatewayConfig {
@@ -92,6 +120,7 @@ impl Default for GatewayConfig {
                 timeout_ms: None,
                 deprecations: Vec::new(),
             }],
+            redis: RedisConfig::default(),
         }
     }
 }
@@ -189,6 +218,19 @@ pub struct Settings {
     pub bans: BanPolicy,
     /// Route table.
     pub routes: Routes,
+    /// Redis, when keys and limits are shared.
+    pub redis: Option<RedisSettings>,
+}
+
+/// Validated `[gateway.redis]`.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// Seed URLs.
+    pub urls: Vec<String>,
+    /// Time a limit decision may take in Redis.
+    pub timeout: Duration,
+    /// What to do without Redis.
+    pub fallback: Fallback,
 }
 
 impl Settings {
@@ -205,6 +247,24 @@ impl Settings {
                 ));
             }
         }
+        for (name, plan) in &config.plans.0 {
+            for limit in [plan.per_minute, plan.per_day].into_iter().flatten() {
+                if limit.get() > MAX_LIMIT {
+                    return Err(format!(
+                        "gateway.plans.{name}: limits are at most {MAX_LIMIT} (2^53 - 1)"
+                    ));
+                }
+            }
+        }
+        let redis = match &config.redis.url {
+            None => None,
+            Some(text) => Some(RedisSettings {
+                urls: crate::redis_conn::parse_urls(text)
+                    .map_err(|e| format!("gateway.redis.url: {e}"))?,
+                timeout: Duration::from_millis(config.redis.timeout_ms.get()),
+                fallback: config.redis.fallback,
+            }),
+        };
         if config.bans.max_seconds < config.bans.base_seconds {
             return Err("gateway.bans.max_seconds must be at least base_seconds".to_owned());
         }
@@ -238,6 +298,7 @@ impl Settings {
                 repeat_window: Duration::from_secs(config.bans.repeat_window_seconds),
             },
             routes: Routes::new(routes),
+            redis,
         })
     }
 }

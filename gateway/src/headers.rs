@@ -17,9 +17,9 @@ pub struct RateHeaders {
     /// Draft policy name of the window described (`minute`, `day`, `failed-auth`).
     pub name: &'static str,
     /// `X-RateLimit-Limit`.
-    pub limit: u32,
+    pub limit: u64,
     /// `X-RateLimit-Remaining`.
-    pub remaining: u32,
+    pub remaining: u64,
     /// Reset, Unix milliseconds.
     pub reset_ms: u64,
     /// `RateLimit-Policy`, rendered once per key.
@@ -42,8 +42,8 @@ impl RateHeaders {
     pub fn for_address(budget: &Budget, policy: &HeaderValue) -> RateHeaders {
         RateHeaders {
             name: FAILED_AUTH,
-            limit: budget.limit,
-            remaining: budget.remaining,
+            limit: budget.limit.into(),
+            remaining: budget.remaining.into(),
             reset_ms: budget.reset_ms,
             policy: policy.clone(),
         }

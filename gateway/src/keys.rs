@@ -56,6 +56,9 @@ pub enum KeyError {
     /// The operating system's random source failed.
     #[error("no randomness available: {0}")]
     Random(String),
+    /// The shared key store in Redis could not be used.
+    #[error("key store in redis: {0}")]
+    Redis(String),
 }
 
 /// A key's public id: 64 random bits, shown as 16 hex digits.
@@ -102,6 +105,47 @@ pub fn generate() -> Result<(KeyId, String), KeyError> {
     Ok((id, key))
 }
 
+/// A new key on `plan` with optional overrides, and its record (which holds only its hash).
+pub fn new_key(
+    plans: &Plans,
+    plan: &str,
+    name: Option<String>,
+    per_minute: Option<u64>,
+    per_day: Option<u64>,
+) -> Result<(KeyRecord, String), KeyError> {
+    plans
+        .resolve(plan, per_minute, per_day)
+        .map_err(KeyError::Plan)?;
+    let (id, key) = generate()?;
+    let record = KeyRecord {
+        id: id.to_string(),
+        name,
+        plan: plan.to_owned(),
+        per_minute,
+        per_day,
+        sha256: hex::encode(hash_key(&key)),
+        created: unix_now(),
+        revoked: None,
+    };
+    Ok((record, key))
+}
+
+/// Marks the record named by an id or by the key itself revoked; returns it.
+pub fn revoke_in(keys: &mut [KeyRecord], id_or_key: &str) -> Result<KeyRecord, KeyError> {
+    let (id, hash) = match id_of_key(id_or_key) {
+        Some(id) => (id.to_string(), Some(hex::encode(hash_key(id_or_key)))),
+        None => (id_or_key.to_ascii_lowercase(), None),
+    };
+    // Never echo a full key back, not even in an error.
+    let shown = KeyId::parse(&id).map_or_else(|| "with that id".to_owned(), |id| id.to_string());
+    let record = keys
+        .iter_mut()
+        .find(|r| r.id == id && hash.as_ref().is_none_or(|h| *h == r.sha256))
+        .ok_or(KeyError::NotFound(shown))?;
+    record.revoked.get_or_insert_with(unix_now);
+    Ok(record.clone())
+}
+
 /// One key as stored: never the key itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -113,9 +157,9 @@ pub struct KeyRecord {
     /// The plan whose limits apply unless overridden.
     pub plan: String,
     /// Per-minute override.
-    pub per_minute: Option<u32>,
+    pub per_minute: Option<u64>,
     /// Per-day override.
-    pub per_day: Option<u32>,
+    pub per_day: Option<u64>,
     /// SHA-256 of the key, hex.
     pub sha256: String,
     /// Unix seconds at creation.
@@ -145,6 +189,11 @@ impl KeyStore {
         }
     }
 
+    /// A store in the file `path`.
+    pub fn at(path: PathBuf) -> KeyStore {
+        KeyStore { path }
+    }
+
     /// Where the store lives.
     pub fn path(&self) -> &Path {
         &self.path
@@ -171,23 +220,10 @@ impl KeyStore {
         plans: &Plans,
         plan: &str,
         name: Option<String>,
-        per_minute: Option<u32>,
-        per_day: Option<u32>,
+        per_minute: Option<u64>,
+        per_day: Option<u64>,
     ) -> Result<(KeyRecord, String), KeyError> {
-        plans
-            .resolve(plan, per_minute, per_day)
-            .map_err(KeyError::Plan)?;
-        let (id, key) = generate()?;
-        let record = KeyRecord {
-            id: id.to_string(),
-            name,
-            plan: plan.to_owned(),
-            per_minute,
-            per_day,
-            sha256: hex::encode(hash_key(&key)),
-            created: unix_now(),
-            revoked: None,
-        };
+        let (record, key) = new_key(plans, plan, name, per_minute, per_day)?;
         self.update(|keys| {
             keys.push(record.clone());
             Ok(())
@@ -197,24 +233,20 @@ impl KeyStore {
 
     /// Revokes by id or by the key itself; returns the revoked record.
     pub fn revoke(&self, id_or_key: &str) -> Result<KeyRecord, KeyError> {
-        let (id, hash) = match id_of_key(id_or_key) {
-            Some(id) => (id.to_string(), Some(hex::encode(hash_key(id_or_key)))),
-            None => (id_or_key.to_ascii_lowercase(), None),
-        };
-        // Never echo a full key back, not even in an error.
-        let shown =
-            KeyId::parse(&id).map_or_else(|| "with that id".to_owned(), |id| id.to_string());
         let mut revoked = None;
         self.update(|keys| {
-            let record = keys
-                .iter_mut()
-                .find(|r| r.id == id && hash.as_ref().is_none_or(|h| *h == r.sha256))
-                .ok_or_else(|| KeyError::NotFound(shown.clone()))?;
-            record.revoked.get_or_insert_with(unix_now);
-            revoked = Some(record.clone());
+            revoked = Some(revoke_in(keys, id_or_key)?);
             Ok(())
         })?;
         Ok(revoked.expect("set by the update"))
+    }
+
+    /// Replaces every record (a local copy of another store's keys).
+    pub fn replace_all(&self, records: Vec<KeyRecord>) -> Result<(), KeyError> {
+        self.update(|keys| {
+            *keys = records;
+            Ok(())
+        })
     }
 
     /// Read-modify-write under an exclusive lock, replacing the file atomically.

@@ -18,11 +18,15 @@ pub mod limits;
 pub mod metrics;
 pub mod plans;
 pub mod proxy;
+pub mod redis_conn;
+pub mod redis_keys;
 pub mod routes;
+pub mod store;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use pingora::server::configuration::ServerConf;
@@ -33,7 +37,13 @@ use tokio::sync::Mutex;
 use tokio::sync::oneshot;
 
 pub use config::{GatewayConfig, Settings};
+pub use keyring::KeySource;
 pub use keys::{KeyError, KeyRecord, KeyStore};
+
+use keyring::REDIS_CACHE_FILE;
+use redis_conn::{RedisError, RedisHub};
+use redis_keys::RedisKeyStore;
+use store::{EmbeddedStore, LimitStore, RedisStore};
 
 /// Time pingora gives its runtimes to finish after the grace period.
 const RUNTIME_SHUTDOWN_SECONDS: u64 = 5;
@@ -56,18 +66,53 @@ impl ShutdownSignalWatch for StopSignal {
     }
 }
 
-/// Runs the gateway until `stop` fires; blocks the calling thread. Keys come from the key
-/// store in `data_dir`.
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The key store could not be read.
+    #[error(transparent)]
+    Keys(#[from] KeyError),
+    /// The limiter's snapshot could not be read.
+    #[error(transparent)]
+    Limits(#[from] store::embedded::SnapshotError),
+    /// Redis could not be set up (not: could not be reached, which is a fallback).
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+}
+
+/// How often the embedded store's snapshot is written: at most this much of the counts is lost
+/// to a SIGKILL.
+const SNAPSHOT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The key store of these settings: Redis when configured, else the data directory's file.
+pub fn key_source(settings: &Settings, data_dir: &Path) -> Result<KeySource, StartError> {
+    Ok(match &settings.redis {
+        Some(redis) => KeySource::Redis {
+            store: RedisKeyStore::new(RedisHub::start(redis.urls.clone())?),
+            cache: KeyStore::at(data_dir.join(REDIS_CACHE_FILE)),
+        },
+        None => KeySource::File(KeyStore::new(data_dir)),
+    })
+}
+
+/// Runs the gateway until `stop` fires; blocks the calling thread. Keys and limits live in
+/// `data_dir`, or in Redis when the settings name one.
 pub fn run(
     settings: Settings,
     data_dir: &Path,
     stop: oneshot::Receiver<()>,
-) -> Result<(), KeyError> {
-    let keyring = keyring::Keyring::load(
-        KeyStore::new(data_dir),
-        settings.plans.clone(),
-        settings.key_refresh,
-    )?;
+) -> Result<(), StartError> {
+    let source = key_source(&settings, data_dir)?;
+    let limits = Arc::new(match (&source, &settings.redis) {
+        (KeySource::Redis { store, .. }, Some(redis)) => LimitStore::Redis(RedisStore::start(
+            store.hub().clone(),
+            redis.timeout,
+            redis.fallback,
+            settings.bans,
+        )),
+        _ => LimitStore::Embedded(EmbeddedStore::open(data_dir, settings.bans)?),
+    });
+    let keyring = keyring::Keyring::load(source, settings.plans.clone(), settings.key_refresh)?;
     let conf = ServerConf {
         threads: settings.threads,
         grace_period_seconds: Some(settings.shutdown_grace_seconds),
@@ -81,7 +126,7 @@ pub fn run(
 
     let mut public = pingora_proxy::http_proxy_service(
         &server.configuration,
-        proxy::Gateway::new(settings.clone(), keyring.clone()),
+        proxy::Gateway::new(settings.clone(), keyring.clone(), limits.clone()),
     );
     public.add_tcp(&settings.listen.to_string());
     let mut admin = Service::new(
@@ -93,10 +138,12 @@ pub fn run(
     admin.add_tcp(&settings.admin_listen.to_string());
     admin.threads = Some(1);
     let refresh = background_service("key refresh", keyring::KeyRefresh(keyring));
+    let upkeep = background_service("limit snapshots", Snapshots(limits.clone()));
 
     server.add_service(public);
     server.add_service(admin);
     server.add_service(refresh);
+    server.add_service(upkeep);
     log::info!(
         "gateway listening on http://{} (admin on http://{})",
         settings.listen,
@@ -108,6 +155,40 @@ pub fn run(
             stopping,
         }),
     });
+    limits.persist();
+    if let LimitStore::Redis(store) = &*limits {
+        store.leave();
+    }
     log::info!("gateway: stopped");
     Ok(())
+}
+
+/// Writes the embedded store's snapshot every [`SNAPSHOT_INTERVAL`].
+struct Snapshots(Arc<LimitStore>);
+
+#[async_trait]
+impl pingora::services::background::BackgroundService for Snapshots {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        if !matches!(*self.0, LimitStore::Embedded(_)) {
+            return;
+        }
+        let mut tick = tokio::time::interval(SNAPSHOT_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {
+                    let store = self.0.clone();
+                    // File I/O off the runtime's threads.
+                    let _ = tokio::task::spawn_blocking(move || store.persist()).await;
+                }
+            }
+        }
+    }
+}
+
+/// Unix milliseconds now.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

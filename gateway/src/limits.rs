@@ -1,10 +1,14 @@
-//! Exact per-key limits: a minute window and a UTC-day quota, checked and counted under one
-//! lock per key, so no interleaving of concurrent requests admits more than the limit.
+//! Exact per-key limits: a minute window and a UTC-day quota, checked and counted in one step
+//! per key, so no interleaving of concurrent requests admits more than the limit.
 //!
 //! The minute window starts at the key's first request after the previous window ended; the
 //! day window is the UTC calendar day. Refused requests do not count against either, but they
 //! count towards a ban (see [`crate::bans`]). `now` is a parameter: tests walk window edges and
 //! day boundaries without sleeping.
+//!
+//! [`KeyState::check`] is the algorithm. Where the state lives is [`crate::store`]'s business:
+//! in this process ([`Limiter`], persisted by the embedded store) or in Redis, whose script
+//! (`store/limits.lua`) is the only other copy of this algorithm.
 
 use dashmap::DashMap;
 
@@ -37,9 +41,9 @@ pub struct Quota {
     /// `"minute"` or `"day"`: the policy name in the draft `RateLimit` header.
     pub name: &'static str,
     /// That window's limit.
-    pub limit: u32,
+    pub limit: u64,
     /// Requests left in it (0 while banned).
-    pub remaining: u32,
+    pub remaining: u64,
     /// Unix milliseconds at which it resets (or the ban ends).
     pub reset_ms: u64,
 }
@@ -66,18 +70,108 @@ pub fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-#[derive(Debug, Default)]
-struct KeyState {
-    minute_start_ms: Option<u64>,
-    minute_count: u32,
-    refused_in_window: u32,
-    day: u64,
-    day_count: u32,
-    ban: BanState,
+/// One key's limiter state: all that a store keeps per key.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KeyState {
+    /// Unix milliseconds at which the current minute window opened, if one did.
+    pub minute_start_ms: Option<u64>,
+    /// Requests admitted in the minute window.
+    pub minute_count: u64,
+    /// Requests refused in the minute window (towards a ban).
+    pub refused_in_window: u64,
+    /// The UTC day (days since the epoch) that `day_count` counts.
+    pub day: u64,
+    /// Requests admitted on that day.
+    pub day_count: u64,
+    /// Ban history.
+    pub ban: BanState,
 }
 
-/// Counters for every key that has made a request. Memory grows only with valid keys: a request
-/// reaches the limiter only after its key was found in the key store.
+impl KeyState {
+    /// Checks and, if admitted, counts one request at `now_ms` (Unix milliseconds).
+    pub fn check(&mut self, limits: Limits, bans: &BanPolicy, now_ms: u64) -> Decision {
+        if let Some(until) = self.ban.active_until(now_ms) {
+            return banned(limits, until);
+        }
+        if self
+            .minute_start_ms
+            .is_none_or(|start| now_ms >= start + MINUTE_MS)
+        {
+            self.minute_start_ms = Some(now_ms);
+            self.minute_count = 0;
+            self.refused_in_window = 0;
+        }
+        let today = now_ms / DAY_MS;
+        if self.day != today {
+            self.day = today;
+            self.day_count = 0;
+        }
+        let minute_left = limits.per_minute.saturating_sub(self.minute_count);
+        let day_left = limits.per_day.saturating_sub(self.day_count);
+        let verdict = if minute_left > 0 && day_left > 0 {
+            self.minute_count += 1;
+            self.day_count += 1;
+            Verdict::Admitted
+        } else {
+            self.refused_in_window += 1;
+            if self.refused_in_window > u64::from(bans.threshold) {
+                self.refused_in_window = 0;
+                let until = self.ban.impose(bans, now_ms);
+                return banned(limits, until);
+            }
+            // When both are spent, the day is the longer wait.
+            if day_left == 0 {
+                Verdict::QuotaExceeded
+            } else {
+                Verdict::RateLimited
+            }
+        };
+        let minute = Quota {
+            name: "minute",
+            limit: limits.per_minute,
+            remaining: limits.per_minute.saturating_sub(self.minute_count),
+            reset_ms: self.minute_start_ms.unwrap_or(now_ms) + MINUTE_MS,
+        };
+        let day = Quota {
+            name: "day",
+            limit: limits.per_day,
+            remaining: limits.per_day.saturating_sub(self.day_count),
+            reset_ms: (today + 1) * DAY_MS,
+        };
+        let quota = match verdict {
+            Verdict::QuotaExceeded => day,
+            Verdict::RateLimited => minute,
+            _ if day.remaining < minute.remaining => day,
+            _ => minute,
+        };
+        Decision { verdict, quota }
+    }
+
+    /// Whether nothing of this state matters any more at `now_ms`: its windows are over and its
+    /// ban history can no longer lengthen a ban. Such state is dropped from snapshots.
+    pub fn is_idle(&self, bans: &BanPolicy, now_ms: u64) -> bool {
+        let minute_over = self
+            .minute_start_ms
+            .is_none_or(|start| now_ms >= start + MINUTE_MS);
+        minute_over && self.day != now_ms / DAY_MS && self.ban.is_forgotten(bans, now_ms)
+    }
+}
+
+/// The decision for a banned key: nothing remains until the ban ends.
+pub fn banned(limits: Limits, until_ms: u64) -> Decision {
+    Decision {
+        verdict: Verdict::Banned,
+        quota: Quota {
+            name: "minute",
+            limit: limits.per_minute,
+            remaining: 0,
+            reset_ms: until_ms,
+        },
+    }
+}
+
+/// Every key's state in this process's memory, one lock per key. Memory grows only with valid
+/// keys: a request reaches the limiter only after its key was found in the key store.
 #[derive(Debug, Default)]
 pub struct Limiter {
     states: DashMap<KeyId, KeyState>,
@@ -95,76 +189,29 @@ impl Limiter {
 
     /// Checks and, if admitted, counts one request of `key` at `now_ms` (Unix milliseconds).
     pub fn check(&self, key: KeyId, limits: Limits, now_ms: u64) -> Decision {
-        let mut state = self.states.entry(key).or_default();
-        let state = &mut *state;
-        if let Some(until) = state.ban.active_until(now_ms) {
-            return banned(limits, until);
-        }
-        if state
-            .minute_start_ms
-            .is_none_or(|start| now_ms >= start + MINUTE_MS)
-        {
-            state.minute_start_ms = Some(now_ms);
-            state.minute_count = 0;
-            state.refused_in_window = 0;
-        }
-        let today = now_ms / DAY_MS;
-        if state.day != today {
-            state.day = today;
-            state.day_count = 0;
-        }
-        let minute_start = state.minute_start_ms.unwrap_or(now_ms);
-        let minute_left = limits.per_minute.saturating_sub(state.minute_count);
-        let day_left = limits.per_day.saturating_sub(state.day_count);
-        let verdict = if minute_left > 0 && day_left > 0 {
-            state.minute_count += 1;
-            state.day_count += 1;
-            Verdict::Admitted
-        } else {
-            state.refused_in_window += 1;
-            if state.refused_in_window > self.bans.threshold {
-                state.refused_in_window = 0;
-                let until = state.ban.impose(&self.bans, now_ms);
-                return banned(limits, until);
-            }
-            // When both are spent, the day is the longer wait.
-            if day_left == 0 {
-                Verdict::QuotaExceeded
-            } else {
-                Verdict::RateLimited
-            }
-        };
-        let minute = Quota {
-            name: "minute",
-            limit: limits.per_minute,
-            remaining: limits.per_minute.saturating_sub(state.minute_count),
-            reset_ms: minute_start + MINUTE_MS,
-        };
-        let day = Quota {
-            name: "day",
-            limit: limits.per_day,
-            remaining: limits.per_day.saturating_sub(state.day_count),
-            reset_ms: (today + 1) * DAY_MS,
-        };
-        let quota = match verdict {
-            Verdict::QuotaExceeded => day,
-            Verdict::RateLimited => minute,
-            _ if day.remaining < minute.remaining => day,
-            _ => minute,
-        };
-        Decision { verdict, quota }
+        self.states
+            .entry(key)
+            .or_default()
+            .check(limits, &self.bans, now_ms)
     }
-}
 
-fn banned(limits: Limits, until_ms: u64) -> Decision {
-    Decision {
-        verdict: Verdict::Banned,
-        quota: Quota {
-            name: "minute",
-            limit: limits.per_minute,
-            remaining: 0,
-            reset_ms: until_ms,
-        },
+    /// Every key's state that still matters at `now_ms`; idle state is forgotten on the way.
+    pub fn snapshot(&self, now_ms: u64) -> Vec<(KeyId, KeyState)> {
+        self.states
+            .retain(|_, state| !state.is_idle(&self.bans, now_ms));
+        self.states.iter().map(|e| (*e.key(), *e.value())).collect()
+    }
+
+    /// Puts back the states of a snapshot.
+    pub fn restore(&self, states: impl IntoIterator<Item = (KeyId, KeyState)>) {
+        for (key, state) in states {
+            self.states.insert(key, state);
+        }
+    }
+
+    /// Forgets every key's state.
+    pub fn clear(&self) {
+        self.states.clear();
     }
 }
 
@@ -188,7 +235,7 @@ mod tests {
         for i in 0..60 {
             let d = l.check(K, FREE, T0 + i * 10);
             assert_eq!(d.verdict, Verdict::Admitted);
-            assert_eq!(d.quota.remaining, 59 - i as u32);
+            assert_eq!(d.quota.remaining, 59 - i);
             assert_eq!(
                 d.quota.reset_ms,
                 T0 + MINUTE_MS,
@@ -310,14 +357,14 @@ mod tests {
     #[test]
     fn concurrent_requests_never_exceed_the_limit() {
         let l = Arc::new(Limiter::default());
-        let admitted: u32 = std::thread::scope(|s| {
+        let admitted: u64 = std::thread::scope(|s| {
             let handles: Vec<_> = (0..8)
                 .map(|_| {
                     let l = l.clone();
                     s.spawn(move || {
                         (0..50)
                             .filter(|_| l.check(K, FREE, T0).verdict == Verdict::Admitted)
-                            .count() as u32
+                            .count() as u64
                     })
                 })
                 .collect();
@@ -332,8 +379,8 @@ mod tests {
         #[test]
         fn never_more_admitted_than_the_limits(
             gaps in proptest::collection::vec(0u64..40_000, 1..400),
-            per_minute in 1u32..20,
-            per_day in 1u32..60,
+            per_minute in 1u64..20,
+            per_day in 1u64..60,
         ) {
             let limits = Limits { per_minute, per_day };
             let l = Limiter::new(BanPolicy { threshold: u32::MAX, ..BanPolicy::default() });
@@ -355,12 +402,12 @@ mod tests {
                     window_start = Some(t);
                     in_window = 0;
                 }
-                in_window += u32::from(admitted);
+                in_window += u64::from(admitted);
                 prop_assert!(in_window <= per_minute);
             }
             for &(t, _) in &requests {
                 let in_day = requests.iter().filter(|&&(u, a)| a && u / DAY_MS == t / DAY_MS).count();
-                prop_assert!(in_day as u32 <= per_day);
+                prop_assert!(in_day as u64 <= per_day);
             }
         }
     }

@@ -2,7 +2,8 @@
 
 use once_cell::sync::Lazy;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
 
 /// The registry the admin listener renders.
@@ -61,12 +62,47 @@ pub static KEY_RELOAD_FAILURES: Lazy<IntGauge> = Lazy::new(|| {
     )
 });
 
+/// 1 while limits are decided in Redis, 0 while a gateway configured with Redis decides alone.
+pub static LIMIT_STORE_UP: Lazy<IntGauge> = Lazy::new(|| {
+    register(
+        IntGauge::new(
+            "gateway_limit_store_up",
+            "1 while the shared limit store (Redis) decides limits, else 0",
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Requests whose limits were decided by the fallback because Redis could not decide.
+pub static LIMIT_STORE_FALLBACKS: Lazy<IntCounter> = Lazy::new(|| {
+    register(
+        IntCounter::new(
+            "gateway_limit_store_fallbacks_total",
+            "Requests decided by gateway.redis.fallback because Redis was unreachable or slow",
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Times Redis went from answering to not answering.
+pub static LIMIT_STORE_OUTAGES: Lazy<IntCounter> = Lazy::new(|| {
+    register(
+        IntCounter::new(
+            "gateway_limit_store_outages_total",
+            "Times the shared limit store (Redis) stopped answering",
+        )
+        .expect("valid metric"),
+    )
+});
+
 /// The text exposition of every metric.
 pub fn render() -> Vec<u8> {
     Lazy::force(&RESPONSES);
     Lazy::force(&DURATION);
     Lazy::force(&ACTIVE_KEYS);
     Lazy::force(&KEY_RELOAD_FAILURES);
+    Lazy::force(&LIMIT_STORE_FALLBACKS);
+    Lazy::force(&LIMIT_STORE_OUTAGES);
     let mut out = Vec::new();
     TextEncoder::new()
         .encode(&REGISTRY.gather(), &mut out)

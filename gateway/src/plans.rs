@@ -4,17 +4,21 @@
 //! (enterprise does): such a key must carry its own override from `keys create`.
 
 use std::collections::BTreeMap;
-use std::num::NonZeroU32;
+use std::num::NonZeroU64;
 
 use serde::Deserialize;
+
+/// The largest limit: the Redis store's script counts in Lua numbers, which are exact up to
+/// 2^53. No plan needs more (that is 100 billion requests a second for a day).
+pub const MAX_LIMIT: u64 = (1 << 53) - 1;
 
 /// A key's effective limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Requests admitted per minute window.
-    pub per_minute: u32,
+    pub per_minute: u64,
     /// Requests admitted per UTC day.
-    pub per_day: u32,
+    pub per_day: u64,
 }
 
 /// One `[gateway.plans.NAME]` table.
@@ -22,9 +26,9 @@ pub struct Limits {
 #[serde(deny_unknown_fields)]
 pub struct PlanConfig {
     /// Requests per minute; absent means every key on the plan must override it.
-    pub per_minute: Option<NonZeroU32>,
+    pub per_minute: Option<NonZeroU64>,
     /// Requests per UTC day; absent means every key on the plan must override it.
-    pub per_day: Option<NonZeroU32>,
+    pub per_day: Option<NonZeroU64>,
 }
 
 /// The plans by name.
@@ -41,9 +45,9 @@ impl Default for Plans {
 impl Plans {
     /// The plans of the specification: Free, Pro, Business, and Enterprise (custom).
     pub fn defaults() -> Plans {
-        let plan = |m: u32, d: u32| PlanConfig {
-            per_minute: NonZeroU32::new(m),
-            per_day: NonZeroU32::new(d),
+        let plan = |m: u64, d: u64| PlanConfig {
+            per_minute: NonZeroU64::new(m),
+            per_day: NonZeroU64::new(d),
         };
         Plans(BTreeMap::from([
             ("free".to_owned(), plan(60, 1_000)),
@@ -57,8 +61,8 @@ impl Plans {
     pub fn resolve(
         &self,
         plan: &str,
-        per_minute: Option<u32>,
-        per_day: Option<u32>,
+        per_minute: Option<u64>,
+        per_day: Option<u64>,
     ) -> Result<Limits, String> {
         let config = self.0.get(plan).ok_or_else(|| {
             let names: Vec<&str> = self.0.keys().map(String::as_str).collect();
@@ -67,11 +71,20 @@ impl Plans {
         if per_minute == Some(0) || per_day == Some(0) {
             return Err("--per-minute and --per-day must be at least 1".to_owned());
         }
+        if [per_minute, per_day]
+            .into_iter()
+            .flatten()
+            .any(|l| l > MAX_LIMIT)
+        {
+            return Err(format!(
+                "--per-minute and --per-day must be at most {MAX_LIMIT} (2^53 - 1)"
+            ));
+        }
         let per_minute = per_minute
-            .or(config.per_minute.map(NonZeroU32::get))
+            .or(config.per_minute.map(NonZeroU64::get))
             .ok_or_else(|| format!("plan `{plan}` has no per-minute limit: give --per-minute"))?;
         let per_day = per_day
-            .or(config.per_day.map(NonZeroU32::get))
+            .or(config.per_day.map(NonZeroU64::get))
             .ok_or_else(|| format!("plan `{plan}` has no per-day quota: give --per-day"))?;
         Ok(Limits {
             per_minute,

@@ -17,7 +17,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use animal_store_contract::{ErrorCode, OPENAPI_PATH, OPENAPI_YAML};
 use async_trait::async_trait;
@@ -36,9 +36,11 @@ use crate::errors::{GatewayError, respond, send};
 use crate::headers::{self, RateHeaders};
 use crate::keyring::Keyring;
 use crate::keys::ActiveKey;
-use crate::limits::{Limiter, Verdict, ceil_secs};
+use crate::limits::{Verdict, ceil_secs};
 use crate::metrics;
 use crate::routes::{Route, normalize_path};
+use crate::store::LimitStore;
+use crate::unix_ms;
 
 /// Pooled upstream connections are dropped after this long idle, well before a typical
 /// upstream's own keep-alive timeout, so the gateway never writes into a connection the
@@ -69,16 +71,16 @@ pub struct Ctx {
 pub struct Gateway {
     settings: Arc<Settings>,
     keys: Arc<Keyring>,
-    limiter: Limiter,
+    limits: Arc<LimitStore>,
     failures: FailureBudget,
     address_policy: HeaderValue,
 }
 
 impl Gateway {
-    /// A gateway with `settings`, reading keys from `keys`.
-    pub fn new(settings: Arc<Settings>, keys: Arc<Keyring>) -> Gateway {
+    /// A gateway with `settings`, reading keys from `keys` and counting in `limits`.
+    pub fn new(settings: Arc<Settings>, keys: Arc<Keyring>, limits: Arc<LimitStore>) -> Gateway {
         Gateway {
-            limiter: Limiter::new(settings.bans),
+            limits,
             failures: FailureBudget::new(settings.auth_failures_per_minute),
             address_policy: headers::address_policy(settings.auth_failures_per_minute),
             settings,
@@ -88,7 +90,11 @@ impl Gateway {
 
     /// Every decision before forwarding, in the order of the phase chart; `Err` is the answer to
     /// send instead.
-    fn admit(&self, session: &mut Session, ctx: &mut Ctx) -> std::result::Result<(), GatewayError> {
+    async fn admit(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+    ) -> std::result::Result<(), GatewayError> {
         ctx.now_ms = unix_ms();
         let ip = client_ip(session);
         let unroutable = self.normalize(session).map_err(str::to_owned);
@@ -105,7 +111,7 @@ impl Gateway {
             .cloned();
 
         let key = self.authenticate(request, ip, ctx)?;
-        let limited = self.apply_limits(&key, ctx);
+        let limited = self.apply_limits(&key, ctx).await;
         ctx.key = Some(key); // also for refusals: the access log names the key
         limited?;
 
@@ -170,12 +176,18 @@ impl Gateway {
     }
 
     /// Counts the request against the key's limits, or says which one refuses it.
-    fn apply_limits(
+    async fn apply_limits(
         &self,
         key: &ActiveKey,
         ctx: &mut Ctx,
     ) -> std::result::Result<(), GatewayError> {
-        let decision = self.limiter.check(key.id, key.limits, ctx.now_ms);
+        let Ok(decision) = self.limits.check(key.id, key.limits, ctx.now_ms).await else {
+            return Err(GatewayError::new(
+                ErrorCode::Unavailable,
+                "the shared limit store cannot be reached; retry shortly",
+            )
+            .retry_after(Some(1)));
+        };
         ctx.rate = Some(RateHeaders::for_key(&decision, &key.policy));
         let retry = decision.retry_after_secs(ctx.now_ms);
         let wait = retry.unwrap_or(1);
@@ -270,12 +282,6 @@ fn next_request_id() -> String {
     )
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 fn client_ip(session: &Session) -> IpAddr {
     session
         .client_addr()
@@ -319,7 +325,7 @@ impl ProxyHttp for Gateway {
             .await?;
             return Ok(true);
         }
-        match self.admit(session, ctx) {
+        match self.admit(session, ctx).await {
             Ok(()) => Ok(false),
             Err(error) => {
                 respond(session, ctx, error).await?;

@@ -1,0 +1,275 @@
+//! Connections to Redis, a single server or a cluster, told apart by asking the server.
+//!
+//! `gateway.redis.url` (or `--redis-url`) is one `redis://host:port[/db]` URL or a
+//! comma-separated list of seed nodes. The first node that answers says whether it runs in
+//! cluster mode (`INFO cluster`); the gateway then opens either one multiplexed connection that
+//! reconnects by itself (`ConnectionManager`) or a cluster connection that follows slot moves.
+//! Both pipeline every request of every thread over few sockets, which is what a pool is for.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use once_cell::sync::OnceCell;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+/// Why Redis could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisError {
+    /// The URL list is malformed.
+    #[error("redis url `{url}`: {message}")]
+    Url {
+        /// The URL at fault (never carries a password: see [`redact`]).
+        url: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// No node answered in time, or a command failed.
+    #[error("redis: {0}")]
+    Command(String),
+    /// A command took longer than the configured timeout.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl From<redis::RedisError> for RedisError {
+    fn from(e: redis::RedisError) -> Self {
+        RedisError::Command(e.to_string())
+    }
+}
+
+/// The seed URLs of `--redis-url`: one or several, comma-separated, each checked.
+pub fn parse_urls(text: &str) -> Result<Vec<String>, RedisError> {
+    let urls: Vec<String> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(RedisError::Url {
+            url: String::new(),
+            message: "no URL given".to_owned(),
+        });
+    }
+    for url in &urls {
+        redis::Client::open(url.as_str()).map_err(|e| RedisError::Url {
+            url: redact(url),
+            message: format!("{e} (expected redis://host:port[/db])"),
+        })?;
+    }
+    Ok(urls)
+}
+
+/// The URL without a password, for logs and errors.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// A connection to a single Redis or to a cluster. Cloning is cheap and shares the sockets.
+#[derive(Clone)]
+pub enum RedisConn {
+    /// One server (or a primary), reconnecting by itself.
+    Single(ConnectionManager),
+    /// A Redis Cluster.
+    Cluster(ClusterConnection),
+}
+
+impl RedisConn {
+    /// Connects to the first of `urls` that answers within `timeout` and detects a cluster.
+    pub async fn connect(urls: &[String], timeout: Duration) -> Result<RedisConn, RedisError> {
+        let mut last = None;
+        for url in urls {
+            match within(timeout, Self::connect_one(urls, url, timeout)).await {
+                Ok(conn) => return Ok(conn),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| RedisError::Command("no URL given".to_owned())))
+    }
+
+    async fn connect_one(
+        urls: &[String],
+        url: &str,
+        timeout: Duration,
+    ) -> Result<RedisConn, RedisError> {
+        let client = redis::Client::open(url)?;
+        let mut probe = client.get_multiplexed_async_connection().await?;
+        let info: String = redis::cmd("INFO")
+            .arg("cluster")
+            .query_async(&mut probe)
+            .await?;
+        if info.contains("cluster_enabled:1") {
+            let cluster = ClusterClient::builder(urls.to_vec())
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .retries(1)
+                .build()?;
+            return Ok(RedisConn::Cluster(cluster.get_async_connection().await?));
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        Ok(RedisConn::Single(
+            ConnectionManager::new_with_config(client, config).await?,
+        ))
+    }
+
+    /// Whether this is a cluster connection.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, RedisConn::Cluster(_))
+    }
+}
+
+/// Time allowed to reach Redis when connecting (at start, and again while it is away).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One process's way to Redis: the seed URLs, the connection once made, and a small runtime of
+/// its own on which the connection's I/O tasks run. Connections must outlive whichever service
+/// first used them (pingora gives each service its own runtime), and the command line, which
+/// has no runtime, borrows this one.
+pub struct RedisHub {
+    urls: Vec<String>,
+    /// Always `Some` until dropped; see the `Drop` impl.
+    runtime: Option<tokio::runtime::Runtime>,
+    conn: OnceCell<RedisConn>,
+}
+
+impl Drop for RedisHub {
+    /// The last holder may be a task of another runtime, where a blocking shutdown panics.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl RedisHub {
+    /// A hub for `urls`; tries to connect now, for at most [`CONNECT_TIMEOUT`], and returns
+    /// either way (see [`RedisHub::conn`]).
+    pub fn start(urls: Vec<String>) -> Result<Arc<RedisHub>, RedisError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("redis-io")
+            .enable_all()
+            .build()
+            .map_err(|e| RedisError::Command(format!("cannot start its runtime: {e}")))?;
+        let hub = Arc::new(RedisHub {
+            urls,
+            runtime: Some(runtime),
+            conn: OnceCell::new(),
+        });
+        if let Err(e) = hub.block_on(hub.connect()) {
+            log::warn!("redis: cannot reach {} yet: {e}", hub.describe());
+        }
+        Ok(hub)
+    }
+
+    /// The connection, if one was ever made (it reconnects by itself afterwards).
+    pub fn conn(&self) -> Option<RedisConn> {
+        self.conn.get().cloned()
+    }
+
+    /// Connects if no connection was made yet; the connection is made once per process.
+    pub async fn connect(&self) -> Result<RedisConn, RedisError> {
+        if let Some(conn) = self.conn.get() {
+            return Ok(conn.clone());
+        }
+        let conn = RedisConn::connect(&self.urls, CONNECT_TIMEOUT).await?;
+        let kind = if conn.is_cluster() {
+            "cluster"
+        } else {
+            "server"
+        };
+        log::info!("redis: connected to the {kind} at {}", self.describe());
+        Ok(self.conn.get_or_init(|| conn).clone())
+    }
+
+    /// Runs `future` to completion on the hub's runtime (for callers without one).
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.runtime().block_on(future)
+    }
+
+    /// Runs `future` in the background on the hub's runtime.
+    pub fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
+        self.runtime().spawn(future);
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.runtime.as_ref().expect("present until dropped")
+    }
+
+    /// The seed URLs, without passwords.
+    pub fn describe(&self) -> String {
+        self.urls
+            .iter()
+            .map(|u| redact(u))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Runs `future`, failing with [`RedisError::Timeout`] after `timeout`.
+pub async fn within<T>(
+    timeout: Duration,
+    future: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, RedisError> {
+    tokio::time::timeout(timeout, future)
+        .await
+        .map_err(|_| RedisError::Timeout(timeout))?
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Single(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_split_checked_and_redacted() {
+        assert_eq!(
+            parse_urls("redis://127.0.0.1:7000, redis://127.0.0.1:7001").unwrap(),
+            vec!["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
+        );
+        assert!(parse_urls(" , ").is_err());
+        let err = parse_urls("http://:secret@host:1").unwrap_err().to_string();
+        assert!(!err.contains("secret"), "{err}");
+        assert_eq!(redact("redis://user:pw@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+}

@@ -1,0 +1,303 @@
+//! The Redis limit store: every key's windows, quota and ban in one Redis hash, decided by one
+//! server-side script (`limits.lua`) in one round trip, so any number of gateways admit exactly
+//! a key's limit between them.
+//!
+//! Time is the gateway's clock, passed to the script: the algorithm keeps time as a parameter
+//! (so one table of cases drives both stores), and gateways' clocks are NTP-synchronised to
+//! well under the second in which a window's start is expressed. Redis's own `TIME` would only
+//! move the skew from between gateways to between the gateway and Redis.
+//!
+//! When Redis is unreachable or slower than `gateway.redis.timeout_ms`, the store says so once
+//! in the log, counts every request it decides alone in `/metrics`, and applies
+//! `gateway.redis.fallback`: `local` limits in this process with its share of each limit (the
+//! limit divided by the gateways it last saw alive), `allow` admits, `deny` refuses with 503.
+//! A heartbeat every half second announces this gateway (a sorted set of instances with their
+//! last beat), counts the live ones, and notices Redis's return; the store then goes back to it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::Unavailable;
+use crate::bans::BanPolicy;
+use crate::keys::KeyId;
+use crate::limits::{DAY_MS, Decision, Limiter, MINUTE_MS, Quota, Verdict};
+use crate::metrics;
+use crate::plans::Limits;
+use crate::redis_conn::{CONNECT_TIMEOUT, RedisConn, RedisError, RedisHub, within};
+
+/// The script, loaded once per Redis and then called by its hash (`EVALSHA`).
+const SCRIPT: &str = include_str!("limits.lua");
+/// Gateways announce themselves here: members are instance ids, scores their last beat.
+const GATEWAYS_KEY: &str = "as:gateways";
+/// How often a gateway beats (and, while Redis is away, tries it again).
+const HEARTBEAT: Duration = Duration::from_millis(500);
+/// A gateway silent for this long no longer counts as alive.
+const ALIVE_MS: u64 = 5_000;
+/// Default of `gateway.redis.timeout_ms`: a loopback or same-zone round trip is well under a
+/// millisecond, so 50 ms means Redis is in trouble, and is small next to an upstream's latency.
+pub const DEFAULT_TIMEOUT_MS: u64 = 50;
+
+/// What a gateway does while Redis cannot decide (`gateway.redis.fallback`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fallback {
+    /// Limit in this process with this gateway's share of each limit.
+    #[default]
+    Local,
+    /// Admit every request with a valid key.
+    Allow,
+    /// Refuse with 503 `unavailable`.
+    Deny,
+}
+
+/// The Redis hash of a key's state. The braces make the id the hash tag, so everything of one
+/// key lands in one cluster slot whatever is added later.
+pub fn state_key(key: KeyId) -> String {
+    format!("as:lim:{{{key}}}")
+}
+
+/// Limits shared through Redis, with a local fallback.
+pub struct RedisStore {
+    hub: Arc<RedisHub>,
+    script: redis::Script,
+    timeout: Duration,
+    fallback: Fallback,
+    bans: BanPolicy,
+    ttl_ms: u64,
+    /// Whether the last word from Redis was good; requests skip Redis while it is not.
+    up: AtomicBool,
+    /// Gateways seen alive at the last heartbeat (at least 1: this one).
+    alive: AtomicU64,
+    /// This gateway's counts while Redis is away; forgotten when it returns.
+    local: Limiter,
+    instance: String,
+}
+
+impl RedisStore {
+    /// A store on `hub`; starts its heartbeat on the hub's runtime. Never waits for Redis
+    /// beyond the hub's connect timeout: without it, the store starts in fallback.
+    pub fn start(
+        hub: Arc<RedisHub>,
+        timeout: Duration,
+        fallback: Fallback,
+        bans: BanPolicy,
+    ) -> Arc<RedisStore> {
+        let mut instance = [0u8; 8];
+        let _ = getrandom::fill(&mut instance);
+        // State must outlive the longest ban and the window in which bans double.
+        let ttl_ms = (bans.max + bans.repeat_window).as_millis() as u64 + 2 * DAY_MS;
+        let store = Arc::new(RedisStore {
+            hub: hub.clone(),
+            script: redis::Script::new(SCRIPT),
+            timeout,
+            fallback,
+            ttl_ms,
+            up: AtomicBool::new(false),
+            alive: AtomicU64::new(1),
+            local: Limiter::new(bans),
+            bans,
+            instance: hex::encode(instance),
+        });
+        metrics::LIMIT_STORE_UP.set(0);
+        let beat = hub.block_on(store.heartbeat());
+        if let Err(e) = beat {
+            log::warn!(
+                "gateway: redis at {} is unreachable ({e}); limiting with fallback `{}` until it answers",
+                hub.describe(),
+                fallback.name()
+            );
+        }
+        let weak = Arc::downgrade(&store);
+        hub.spawn(heartbeat_loop(weak));
+        store
+    }
+
+    /// Checks and, if admitted, counts one request of `key`, in Redis if it answers in time.
+    pub async fn check(
+        &self,
+        key: KeyId,
+        limits: Limits,
+        now_ms: u64,
+    ) -> Result<Decision, Unavailable> {
+        if self.up.load(Ordering::Relaxed)
+            && let Some(conn) = self.hub.conn()
+        {
+            match within(self.timeout, self.eval(conn, key, limits, now_ms)).await {
+                Ok(decision) => return Ok(decision),
+                Err(e) => self.went_down(&e),
+            }
+        }
+        metrics::LIMIT_STORE_FALLBACKS.inc();
+        match self.fallback {
+            Fallback::Local => Ok(self.local.check(key, self.share(limits), now_ms)),
+            Fallback::Allow => Ok(unlimited(limits, now_ms)),
+            Fallback::Deny => Err(Unavailable),
+        }
+    }
+
+    /// One atomic decision in Redis.
+    async fn eval(
+        &self,
+        mut conn: RedisConn,
+        key: KeyId,
+        limits: Limits,
+        now_ms: u64,
+    ) -> Result<Decision, RedisError> {
+        let bans = &self.bans;
+        let reply: (u8, u8, u64, u64) = self
+            .script
+            .key(state_key(key))
+            .arg(now_ms)
+            .arg(limits.per_minute)
+            .arg(limits.per_day)
+            .arg(bans.threshold)
+            .arg(bans.base.as_millis() as u64)
+            .arg(bans.max.as_millis() as u64)
+            .arg(bans.repeat_window.as_millis() as u64)
+            .arg(self.ttl_ms)
+            .invoke_async(&mut conn)
+            .await?;
+        decision_from_reply(reply, limits)
+    }
+
+    /// Whether decisions are being made in Redis now (not by the fallback).
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// This gateway's share of `limits` while it decides alone.
+    fn share(&self, limits: Limits) -> Limits {
+        let n = self.alive.load(Ordering::Relaxed).max(1);
+        Limits {
+            per_minute: (limits.per_minute / n).max(1),
+            per_day: (limits.per_day / n).max(1),
+        }
+    }
+
+    fn went_down(&self, e: &RedisError) {
+        if self.up.swap(false, Ordering::AcqRel) {
+            self.local.clear();
+            metrics::LIMIT_STORE_UP.set(0);
+            metrics::LIMIT_STORE_OUTAGES.inc();
+            log::warn!(
+                "gateway: redis at {} failed ({e}); limiting with fallback `{}` ({} gateways share each limit) until it answers",
+                self.hub.describe(),
+                self.fallback.name(),
+                self.alive.load(Ordering::Relaxed)
+            );
+        }
+    }
+
+    /// Announces this gateway, counts the live ones, and marks Redis up when it answers.
+    async fn heartbeat(&self) -> Result<(), RedisError> {
+        let mut conn = within(CONNECT_TIMEOUT, self.hub.connect()).await?;
+        let now = crate::unix_ms();
+        let (_, _, alive): (i64, i64, u64) =
+            within(self.timeout.max(Duration::from_millis(500)), async {
+                Ok(redis::pipe()
+                    .zadd(GATEWAYS_KEY, &self.instance, now)
+                    .zrembyscore(GATEWAYS_KEY, "-inf", now.saturating_sub(ALIVE_MS))
+                    .zcard(GATEWAYS_KEY)
+                    .query_async(&mut conn)
+                    .await?)
+            })
+            .await?;
+        self.alive.store(alive.max(1), Ordering::Relaxed);
+        if !self.up.swap(true, Ordering::AcqRel) {
+            metrics::LIMIT_STORE_UP.set(1);
+            log::info!(
+                "gateway: limits are shared through redis at {} ({alive} gateways alive)",
+                self.hub.describe()
+            );
+        }
+        Ok(())
+    }
+
+    /// Removes this gateway from the live set, so the others' shares grow at once.
+    pub fn leave(&self) {
+        if let Some(mut conn) = self.hub.conn() {
+            let result: Result<(), RedisError> = self.hub.block_on(within(self.timeout, async {
+                let _: i64 = redis::cmd("ZREM")
+                    .arg(GATEWAYS_KEY)
+                    .arg(&self.instance)
+                    .query_async(&mut conn)
+                    .await?;
+                Ok(())
+            }));
+            if let Err(e) = result {
+                log::debug!("gateway: could not leave the live set: {e}");
+            }
+        }
+    }
+}
+
+async fn heartbeat_loop(store: Weak<RedisStore>) {
+    let mut tick = tokio::time::interval(HEARTBEAT);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(store) = store.upgrade() else { return };
+        if let Err(e) = store.heartbeat().await {
+            store.went_down(&e);
+        }
+    }
+}
+
+impl Fallback {
+    /// The configuration's word for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fallback::Local => "local",
+            Fallback::Allow => "allow",
+            Fallback::Deny => "deny",
+        }
+    }
+}
+
+/// The script's reply as a decision: `(verdict, window, remaining, reset_ms)`.
+fn decision_from_reply(
+    (verdict, window, remaining, reset_ms): (u8, u8, u64, u64),
+    limits: Limits,
+) -> Result<Decision, RedisError> {
+    let verdict = match verdict {
+        0 => Verdict::Admitted,
+        1 => Verdict::RateLimited,
+        2 => Verdict::QuotaExceeded,
+        3 => Verdict::Banned,
+        other => {
+            return Err(RedisError::Command(format!(
+                "script answered verdict {other}"
+            )));
+        }
+    };
+    let (name, limit) = if window == 1 {
+        ("day", limits.per_day)
+    } else {
+        ("minute", limits.per_minute)
+    };
+    Ok(Decision {
+        verdict,
+        quota: Quota {
+            name,
+            limit,
+            remaining,
+            reset_ms,
+        },
+    })
+}
+
+/// What `fallback = "allow"` answers: admitted, with the plan's limit and nothing known spent.
+fn unlimited(limits: Limits, now_ms: u64) -> Decision {
+    Decision {
+        verdict: Verdict::Admitted,
+        quota: Quota {
+            name: "minute",
+            limit: limits.per_minute,
+            remaining: limits.per_minute,
+            reset_ms: now_ms + MINUTE_MS,
+        },
+    }
+}
