@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{PETS_ROUTE, Stack, assert_error, client, unix_now};
+use nix::sys::signal::Signal;
 use reqwest::header::HeaderMap;
 
 fn h<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
@@ -208,4 +209,72 @@ async fn bans_last_their_configured_time_double_and_spare_other_keys() {
     let r = get(&key).await.unwrap();
     assert_eq!(num(r.headers(), "retry-after"), 3);
     assert_error(r, 429, "key_banned").await;
+}
+
+/// The embedded store: a gateway stopped with SIGINT or SIGTERM and started again over the same
+/// data directory forgets no count, quota or ban.
+#[tokio::test]
+async fn counts_quotas_and_bans_survive_a_graceful_restart() {
+    for signal in [Signal::SIGINT, Signal::SIGTERM] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut stack = Stack::start(dir.path());
+        let minute = stack.enterprise_key(5, 1000);
+        let day = stack.enterprise_key(100, 4);
+        let banned = stack.enterprise_key(1, 1000);
+        let c = client();
+        for _ in 0..3 {
+            assert_eq!(stack.get(&c, "/v1/pets", &minute).await.status(), 200);
+        }
+        for _ in 0..4 {
+            assert_eq!(stack.get(&c, "/v1/pets", &day).await.status(), 200);
+        }
+        assert_eq!(stack.get(&c, "/v1/pets", &banned).await.status(), 200);
+        for _ in 0..10 {
+            assert_eq!(stack.get(&c, "/v1/pets", &banned).await.status(), 429);
+        }
+        assert_error(stack.get(&c, "/v1/pets", &banned).await, 429, "key_banned").await;
+
+        assert_eq!(stack.proc.stop_with(signal), Some(0), "{signal}");
+        let stack = Stack::launch(dir.path(), stack.data_dir.clone(), &stack.config);
+        let r = stack.get(&c, "/v1/pets", &minute).await;
+        assert_eq!(
+            num(r.headers(), "x-ratelimit-remaining"),
+            1,
+            "after {signal}"
+        );
+        let r = stack.get(&c, "/v1/pets", &day).await;
+        assert_error(r, 429, "quota_exceeded").await;
+        let r = stack.get(&c, "/v1/pets", &banned).await;
+        assert!(
+            num(r.headers(), "retry-after") > 800,
+            "the ban goes on after {signal}"
+        );
+        assert_error(r, 429, "key_banned").await;
+    }
+}
+
+/// The embedded store after SIGKILL: counts older than a second are there; at most the last
+/// second's are lost.
+#[tokio::test]
+async fn a_sigkill_loses_at_most_the_last_second_of_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stack = Stack::start(dir.path());
+    let key = stack.enterprise_key(1000, 100_000);
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(stack.get(&c, "/v1/pets", &key).await.status(), 200);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for _ in 0..3 {
+        assert_eq!(stack.get(&c, "/v1/pets", &key).await.status(), 200);
+    }
+    stack.proc.kill9();
+    let stack = Stack::launch(dir.path(), stack.data_dir.clone(), &stack.config);
+    let r = stack.get(&c, "/v1/pets", &key).await;
+    let remaining = num(r.headers(), "x-ratelimit-remaining");
+    // 8 were admitted before the kill; the 5 older than a second must have survived.
+    assert!(
+        (1000 - 9..=1000 - 6).contains(&remaining),
+        "remaining {remaining}: counts older than a second were lost"
+    );
 }

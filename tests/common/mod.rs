@@ -3,6 +3,8 @@
 
 #![allow(dead_code, missing_docs)]
 
+pub mod redis;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -73,7 +75,12 @@ impl Proc {
 
     /// SIGTERM and wait; returns the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
-        kill(self.pid(), Signal::SIGTERM).expect("send SIGTERM");
+        self.stop_with(Signal::SIGTERM)
+    }
+
+    /// Sends `signal` and waits for the exit; returns the exit code.
+    pub fn stop_with(&mut self, signal: Signal) -> Option<i32> {
+        kill(self.pid(), signal).expect("send the signal");
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -81,7 +88,7 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("animal-store did not exit within 30 s of SIGTERM");
+        panic!("animal-store did not exit within 30 s of {signal}");
     }
 
     pub fn log_text(&self) -> String {
@@ -495,4 +502,92 @@ pub async fn walk_pets(
         pages += 1;
     }
     (pets, pages)
+}
+
+/// The value of the metric line `name` (with its labels, if any) on an admin listener.
+pub fn metric(admin: SocketAddr, name: &str) -> Option<f64> {
+    let (_, _, body) = raw_http(
+        admin,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Polls `metric` until `want` holds, for up to `within`; panics naming the metric otherwise.
+pub fn wait_metric(admin: SocketAddr, name: &str, within: Duration, want: impl Fn(f64) -> bool) {
+    let deadline = Instant::now() + within;
+    loop {
+        let value = metric(admin, name);
+        if value.is_some_and(&want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} on {admin} is {value:?} after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The gateway alone (`animal-store gateway`), in front of a backend started separately, with
+/// a data directory of its own.
+pub struct GatewayOnly {
+    pub proc: Proc,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub data_dir: PathBuf,
+}
+
+impl GatewayOnly {
+    /// Starts a gateway named `name` under `dir` with `config`, its `backend` upstream at
+    /// `backend`, and more flags in `extra` (e.g. `--redis-url`).
+    pub fn start(
+        dir: &Path,
+        name: &str,
+        config: &Path,
+        backend: SocketAddr,
+        extra: &[&str],
+    ) -> GatewayOnly {
+        let (listen, admin) = (free_addr(), free_addr());
+        let data_dir = dir.join(format!("gateway-{name}"));
+        let mut args = vec![
+            "gateway".to_owned(),
+            "--config".to_owned(),
+            config.to_str().unwrap().to_owned(),
+            "--data-dir".to_owned(),
+            data_dir.to_str().unwrap().to_owned(),
+            "--listen".to_owned(),
+            listen.to_string(),
+            "--admin-listen".to_owned(),
+            admin.to_string(),
+            "--backend-listen".to_owned(),
+            backend.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut proc = Proc::start(&args, dir.join(format!("gateway-{name}.log")));
+        wait_for_port(listen, &mut proc.child);
+        wait_for_port(admin, &mut proc.child);
+        GatewayOnly {
+            proc,
+            listen,
+            admin,
+            data_dir,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.listen, path)
+    }
+
+    /// Waits until this gateway uses exactly `n` keys.
+    pub fn wait_keys(&self, n: usize) {
+        wait_metric(
+            self.admin,
+            "gateway_active_keys",
+            Duration::from_secs(10),
+            |v| v == n as f64,
+        );
+    }
 }

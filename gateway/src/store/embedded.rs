@@ -147,7 +147,7 @@ fn decode(bytes: &[u8]) -> Option<Vec<(KeyId, KeyState)>> {
     let mut words = bytes
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
-    if bytes.len() % 8 != 0 || words.next()? != MAGIC {
+    if !bytes.len().is_multiple_of(8) || words.next()? != MAGIC {
         return None;
     }
     let count = usize::try_from(words.next()?).ok()?;

@@ -1,0 +1,196 @@
+//! Real Redis servers for the tests: `redis-server` processes on ephemeral loopback ports, in a
+//! temporary directory each, and a three-master Redis Cluster made with `redis-cli --cluster
+//! create`. Where `redis-server` is missing the tests fail and say how to install it.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_addr;
+
+const INSTALL: &str = "redis-server and redis-cli are needed for this test: \
+                       apt-get install -y redis-server redis-tools";
+
+fn require(binary: &str) {
+    let found = Command::new(binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(found, "`{binary}` not found. {INSTALL}");
+}
+
+/// One `redis-server` on a loopback port; killed when dropped.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    dir: PathBuf,
+    extra: Vec<String>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl RedisServer {
+    /// A server with an append-only file, so a restart keeps what was written.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// A server with more `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_at(free_addr(), extra)
+    }
+
+    /// A server on `addr` (one a gateway was told about before Redis was there).
+    pub fn start_at(addr: SocketAddr, extra: &[&str]) -> RedisServer {
+        require("redis-server");
+        let tmp = tempfile::tempdir().unwrap();
+        let mut server = RedisServer {
+            child: None,
+            addr,
+            dir: tmp.path().to_owned(),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            _tmp: Some(tmp),
+        };
+        server.launch();
+        server
+    }
+
+    fn launch(&mut self) {
+        let log = std::fs::File::create(self.dir.join("redis.log")).unwrap();
+        let child = Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &self.addr.port().to_string(),
+            ])
+            .args(["--dir", self.dir.to_str().unwrap()])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .args(&self.extra)
+            .stdout(log)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start redis-server: {e}. {INSTALL}"));
+        self.child = Some(child);
+        wait_pong(self.addr);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// SIGKILL: Redis is gone at once, as in a crash or a partition.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and directory (with what its append-only file kept).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    /// Runs `redis-cli` against this server; returns its stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        require("redis-cli");
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.addr.port().to_string()])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}. {INSTALL}"));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits until a Redis answers `PING` on `addr`.
+fn wait_pong(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+            let mut buf = [0u8; 7];
+            if s.write_all(b"PING\r\n").is_ok()
+                && s.read_exact(&mut buf).is_ok()
+                && &buf == b"+PONG\r\n"
+            {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("redis-server on {addr} did not answer PING within 20 s");
+}
+
+/// A Redis Cluster of three masters on loopback, slots spread by `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        require("redis-cli");
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                let bus = free_addr().port().to_string();
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-port",
+                    &bus,
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| n.addr.to_string()).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}. {INSTALL}"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !nodes
+            .iter()
+            .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not become ok in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        RedisCluster { nodes }
+    }
+
+    /// The URL of one node: the gateway finds the others by itself.
+    pub fn url(&self) -> String {
+        self.nodes[0].url()
+    }
+}

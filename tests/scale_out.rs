@@ -1,0 +1,385 @@
+//! Several gateways, one Redis: real `animal-store gateway` processes over one backend and a
+//! real `redis-server` (or a three-master cluster), all on ephemeral loopback ports.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisCluster, RedisServer};
+use common::{
+    Backend, GatewayOnly, PETS_ROUTE, assert_error, cli, client, free_addr, key_id, metric,
+    wait_metric,
+};
+
+/// A configuration like the shipped one, with a quick key refresh and `extra` gateway keys.
+fn config(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("scale-out.toml");
+    std::fs::write(
+        &path,
+        format!("[gateway]\nkey_refresh_ms = 200\nthreads = 1\n{extra}\n{PETS_ROUTE}"),
+    )
+    .unwrap();
+    path
+}
+
+/// `keys ARGS --redis-url URL`, from a data directory no gateway uses: keys live in Redis.
+fn keys(dir: &Path, config: &Path, url: &str, args: &[&str]) -> String {
+    let cli_dir = dir.join("cli-data");
+    let mut all = vec!["keys"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        cli_dir.to_str().unwrap(),
+        "--redis-url",
+        url,
+    ]);
+    let (code, stdout, stderr) = cli(&all);
+    assert_eq!(code, 0, "keys {args:?} failed: {stderr}");
+    stdout.trim().to_owned()
+}
+
+fn enterprise(dir: &Path, config: &Path, url: &str, per_minute: u64) -> String {
+    let m = per_minute.to_string();
+    keys(
+        dir,
+        config,
+        url,
+        &[
+            "create",
+            "--plan",
+            "enterprise",
+            "--per-minute",
+            &m,
+            "--per-day",
+            "100000",
+        ],
+    )
+}
+
+/// Sends `n` concurrent GETs with `key`, alternating between the gateways; returns the
+/// statuses.
+async fn burst(gateways: &[&GatewayOnly], key: &str, n: usize) -> Vec<u16> {
+    let c = client();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (c, url, key) = (
+                c.clone(),
+                gateways[i % gateways.len()].url("/v1/pets"),
+                key.to_owned(),
+            );
+            tokio::spawn(async move {
+                let r = c.get(url).bearer_auth(key).send().await.unwrap();
+                r.status().as_u16()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::with_capacity(n);
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    statuses
+}
+
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|&&s| s == status).count()
+}
+
+/// Two gateways with separate data directories over one Redis: they share keys, never admit
+/// more than a key's limit between them, and a ban made at one holds at the other.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_gateways_share_keys_limits_and_bans_through_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let config = config(dir.path(), "");
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let a = GatewayOnly::start(
+        dir.path(),
+        "a",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+    let b = GatewayOnly::start(
+        dir.path(),
+        "b",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+
+    // A key made from a third data directory is used by both gateways.
+    let key = enterprise(dir.path(), &config, &url, 100);
+    a.wait_keys(1);
+    b.wait_keys(1);
+    let statuses = burst(&[&a, &b], &key, 300).await;
+    assert_eq!(
+        count(&statuses, 200),
+        100,
+        "admitted between both: {statuses:?}"
+    );
+    assert_eq!(count(&statuses, 429), 200);
+    assert!(!a.data_dir.join("keys.json").exists(), "keys live in redis");
+    let stored = redis.cli(&["hgetall", "as:{keys}"]);
+    assert!(
+        stored.contains(key_id(&key)) && !stored.contains(&key),
+        "hashes only in redis"
+    );
+
+    // A ban made at one gateway holds at the other at once.
+    let banned = enterprise(dir.path(), &config, &url, 1);
+    a.wait_keys(2);
+    b.wait_keys(2);
+    let c = client();
+    let get = |g: &GatewayOnly| c.get(g.url("/v1/pets")).bearer_auth(&banned).send();
+    assert_eq!(get(&a).await.unwrap().status(), 200);
+    for _ in 0..10 {
+        assert_eq!(get(&a).await.unwrap().status(), 429);
+    }
+    assert_error(get(&a).await.unwrap(), 429, "key_banned").await;
+    let r = get(&b).await.unwrap();
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((895..=900).contains(&retry), "Retry-After {retry}");
+    assert_error(r, 429, "key_banned").await;
+
+    // Revoked from anywhere, refused everywhere within 2 seconds (refresh every 200 ms here;
+    // 3 s allows for a loaded machine).
+    keys(dir.path(), &config, &url, &["revoke", key_id(&key)]);
+    let revoked_at = Instant::now();
+    for g in [&a, &b] {
+        while c
+            .get(g.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            != 401
+        {
+            assert!(
+                revoked_at.elapsed() < Duration::from_secs(3),
+                "still accepted"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let (_, list, _) = cli(&[
+        "keys",
+        "list",
+        "--config",
+        config.to_str().unwrap(),
+        "--redis-url",
+        &url,
+    ]);
+    assert_eq!(list.lines().count(), 2, "{list}");
+    assert!(list.contains(&format!("{}\t", key_id(&key))) && !list.contains(&key));
+}
+
+/// Redis killed under load: each gateway limits with its share and says so in `/metrics`;
+/// Redis back: limits are exact and shared again, with no restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_outage_falls_back_to_shares_and_its_return_restores_exact_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let config = config(dir.path(), "");
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let a = GatewayOnly::start(
+        dir.path(),
+        "a",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+    let b = GatewayOnly::start(
+        dir.path(),
+        "b",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+    let busy = enterprise(dir.path(), &config, &url, 100_000);
+    let shared = enterprise(dir.path(), &config, &url, 20);
+    a.wait_keys(2);
+    b.wait_keys(2);
+    for g in [&a, &b] {
+        wait_metric(
+            g.admin,
+            "gateway_limit_store_up",
+            Duration::from_secs(5),
+            |v| v == 1.0,
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1200)); // both heartbeats have seen each other
+
+    // A load across both gateways, with Redis killed in its middle.
+    let load = {
+        let (a, b, busy) = (a.url("/v1/pets"), b.url("/v1/pets"), busy.clone());
+        tokio::spawn(async move {
+            let c = client();
+            let mut statuses = Vec::new();
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(3) {
+                for url in [&a, &b] {
+                    statuses.push(c.get(url).bearer_auth(&busy).send().await.unwrap().status());
+                }
+            }
+            statuses
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    redis.kill();
+    let statuses = load.await.unwrap();
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "every request of the load was served: {:?}",
+        statuses.iter().filter(|s| **s != 200).collect::<Vec<_>>()
+    );
+    for g in [&a, &b] {
+        assert_eq!(metric(g.admin, "gateway_limit_store_up"), Some(0.0));
+        assert!(metric(g.admin, "gateway_limit_store_fallbacks_total").unwrap() > 0.0);
+        assert_eq!(
+            metric(g.admin, "gateway_limit_store_outages_total"),
+            Some(1.0)
+        );
+    }
+    let log = std::fs::read_to_string(&a.proc.log).unwrap();
+    assert_eq!(
+        log.matches("limiting with fallback `local`").count(),
+        1,
+        "logged once"
+    );
+
+    // Alone, gateway A admits its share: 20 a minute between two gateways is 10 here.
+    let statuses = burst(&[&a], &shared, 30).await;
+    assert_eq!(count(&statuses, 200), 10, "{statuses:?}");
+
+    // Redis returns (with its append-only file): both gateways go back to it by themselves.
+    redis.restart();
+    for g in [&a, &b] {
+        wait_metric(
+            g.admin,
+            "gateway_limit_store_up",
+            Duration::from_secs(10),
+            |v| v == 1.0,
+        );
+    }
+    let fresh = enterprise(dir.path(), &config, &url, 40);
+    a.wait_keys(3);
+    b.wait_keys(3);
+    let statuses = burst(&[&a, &b], &fresh, 120).await;
+    assert_eq!(count(&statuses, 200), 40, "exact again: {statuses:?}");
+}
+
+/// Started while Redis is away, the gateway runs (no hang, no crash); with `fallback = deny`
+/// it answers 503 while Redis cannot decide, and uses Redis as soon as it is there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_started_without_redis_runs_and_deny_answers_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis_addr: SocketAddr = free_addr();
+    let url = format!("redis://{redis_addr}");
+    let config = config(
+        dir.path(),
+        "[gateway.redis]\nfallback = \"deny\"\ntimeout_ms = 100",
+    );
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let started = Instant::now();
+    let g = GatewayOnly::start(
+        dir.path(),
+        "g",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "start did not wait for redis"
+    );
+    assert_eq!(metric(g.admin, "gateway_limit_store_up"), Some(0.0));
+    let log = std::fs::read_to_string(&g.proc.log).unwrap();
+    assert!(
+        log.contains("unreachable"),
+        "the log says redis is away: {log}"
+    );
+
+    let mut redis = RedisServer::start_at(redis_addr, &[]);
+    let key = enterprise(dir.path(), &config, &url, 1000);
+    g.wait_keys(1);
+    wait_metric(
+        g.admin,
+        "gateway_limit_store_up",
+        Duration::from_secs(10),
+        |v| v == 1.0,
+    );
+    let c = client();
+    assert_eq!(
+        c.get(g.url("/v1/pets"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    redis.kill();
+    let r = c
+        .get(g.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_error(r, 503, "unavailable").await;
+    // The keys it knew stay known while Redis is away.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(metric(g.admin, "gateway_active_keys"), Some(1.0));
+    assert!(metric(g.admin, "gateway_key_reload_failures").unwrap() > 0.0);
+}
+
+/// Two gateways over a three-master Redis Cluster, one given one node and the other all three:
+/// the same exactness as over one server.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_gateways_on_a_redis_cluster_admit_exactly_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = RedisCluster::start();
+    let all: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
+    let all = all.join(",");
+    let config = config(dir.path(), "");
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let one = cluster.url();
+    let a = GatewayOnly::start(
+        dir.path(),
+        "a",
+        &config,
+        backend.addr,
+        &["--redis-url", &one],
+    );
+    let b = GatewayOnly::start(
+        dir.path(),
+        "b",
+        &config,
+        backend.addr,
+        &["--redis-url", &all],
+    );
+    let mut keys_made = Vec::new();
+    for i in 0..3 {
+        keys_made.push(enterprise(dir.path(), &config, &one, 60));
+        a.wait_keys(i + 1);
+        b.wait_keys(i + 1);
+    }
+    for key in &keys_made {
+        let statuses = burst(&[&a, &b], key, 150).await;
+        assert_eq!(count(&statuses, 200), 60, "{statuses:?}");
+    }
+    let log = std::fs::read_to_string(&a.proc.log).unwrap();
+    assert!(log.contains("connected to the cluster"), "{log}");
+}
