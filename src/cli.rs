@@ -89,4 +89,13 @@ pub struct Overrides {
     /// state stays in the data directory].
     #[arg(long, global = true)]
     pub redis_url: Option<String>,
+    /// Also serve HTTPS (HTTP/2 and HTTP/1.1 by ALPN) here; needs --tls-cert and --tls-key.
+    #[arg(long, global = true)]
+    pub tls_listen: Option<SocketAddr>,
+    /// PEM certificate chain (leaf first) for --tls-listen.
+    #[arg(long, global = true)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the certificate for --tls-listen.
+    #[arg(long, global = true)]
+    pub tls_key: Option<PathBuf>,
 }

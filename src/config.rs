@@ -73,6 +73,15 @@ pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
     })
 }
 
+/// Checks what the file names beyond itself: the TLS certificate and key (`check-config`).
+pub fn check_files(config: &FileConfig) -> anyhow::Result<()> {
+    let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
+    if let Some((_, files)) = &settings.tls {
+        animal_store_gateway::tls::load(files, std::time::SystemTime::now())?;
+    }
+    Ok(())
+}
+
 /// Parses configuration text; errors say the line and column.
 pub fn parse(text: &str) -> Result<FileConfig, String> {
     let config: FileConfig = toml::from_str(text).map_err(|e| describe(text, &e))?;
@@ -113,6 +122,10 @@ pub fn load(overrides: &Overrides) -> Result<FileConfig, ConfigError> {
     if let Some(url) = &overrides.redis_url {
         config.gateway.redis.url = Some(url.clone());
     }
+    let tls = &mut config.gateway.tls;
+    tls.listen = overrides.tls_listen.or(tls.listen);
+    tls.cert = overrides.tls_cert.clone().or(tls.cert.take());
+    tls.key = overrides.tls_key.clone().or(tls.key.take());
     Ok(config)
 }
 

@@ -27,7 +27,7 @@ fn main() -> anyhow::Result<()> {
         Command::Keys(keys) => keys::run(keys, &config::load(overrides)?),
         Command::CheckConfig { file } => {
             let path = file.as_ref().unwrap_or(&overrides.config);
-            config::read(path)?;
+            config::check_files(&config::read(path)?)?;
             println!("{}: ok", path.display());
             Ok(())
         }

@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 use animal_store_gateway::Settings;
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::config::FileConfig;
 
@@ -26,10 +26,26 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'stat
     }
 }
 
+/// Counts SIGHUPs: each asks the gateway to re-read what it can reload. Installed before the
+/// services start, since an unhandled SIGHUP would end the process.
+pub fn reload_signal() -> watch::Receiver<u64> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+    let (sender, receiver) = watch::channel(0u64);
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            log::info!("SIGHUP received: reloading");
+            sender.send_modify(|n| *n += 1);
+        }
+    });
+    receiver
+}
+
 /// `animal-store backend`: the pets service alone, until a signal.
 pub fn backend(config: &FileConfig) -> anyhow::Result<()> {
     tokio::runtime::Runtime::new()?.block_on(async {
         let signal = shutdown_signal();
+        let _reload = reload_signal(); // the backend has nothing to reload, but must not die
         let listener = bind_backend(config).await?;
         run_backend(config, listener, signal).await
     })
@@ -40,7 +56,7 @@ pub fn gateway(config: &FileConfig) -> anyhow::Result<()> {
     let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
     tokio::runtime::Runtime::new()?.block_on(async {
         let signal = shutdown_signal();
-        let gateway = Gateway::start(settings, config);
+        let gateway = Gateway::start(settings, config, reload_signal());
         tokio::select! {
             () = signal => {}
             () = gateway.ended() => {} // it failed: stop() returns why
@@ -62,7 +78,7 @@ pub fn serve(config: &FileConfig) -> anyhow::Result<()> {
             let _ = backend_stopped.await;
         });
         tokio::pin!(backend);
-        let gateway = Gateway::start(settings, config);
+        let gateway = Gateway::start(settings, config, reload_signal());
         let backend_ended = tokio::select! {
             () = signal => None,
             result = &mut backend => Some(result.and_then(|()| anyhow::bail!("the backend stopped"))),
@@ -109,12 +125,13 @@ struct Gateway {
 }
 
 impl Gateway {
-    fn start(settings: Settings, config: &FileConfig) -> Gateway {
+    fn start(settings: Settings, config: &FileConfig, reload: watch::Receiver<u64>) -> Gateway {
         let (stop, stop_rx) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
         let data_dir = config.data_dir.clone();
         let thread = std::thread::spawn(move || {
-            let result = animal_store_gateway::run(settings, &data_dir, stop_rx).context("gateway");
+            let result =
+                animal_store_gateway::run(settings, &data_dir, stop_rx, reload).context("gateway");
             let _ = ended_tx.send(());
             result
         });

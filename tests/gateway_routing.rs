@@ -473,3 +473,37 @@ async fn oversized_request_headers_are_refused_with_the_contract_error() {
     let (status, _, _) = raw_http(stack.listen, request("").as_bytes());
     assert_eq!(status, 200);
 }
+
+/// A client that writes its whole body before reading the answer (as Python's `http.client`
+/// does) gets the 413, not a connection reset, from the gateway and from the backend, every
+/// time: both drain what they refused for a bounded time, as nginx's `lingering_close` does.
+/// 16 MiB is more than loopback's socket buffers hold, so without the draining the writes fail.
+#[test]
+fn early_refusals_reach_a_client_that_writes_its_whole_body_first() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "business"]);
+    let body = vec![b' '; 16 * 1024 * 1024];
+    for (addr, auth) in [
+        (stack.listen, format!("Authorization: Bearer {key}\r\n")),
+        (stack.backend, String::new()),
+    ] {
+        for attempt in 0..20 {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let head = format!(
+                "POST /v1/pets HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).unwrap();
+            s.write_all(&body).unwrap_or_else(|e| {
+                panic!("{addr}, attempt {attempt}: the body could not be sent: {e}")
+            });
+            let mut answer = [0u8; 12];
+            s.read_exact(&mut answer)
+                .unwrap_or_else(|e| panic!("{addr}, attempt {attempt}: no answer: {e}"));
+            assert_eq!(&answer, b"HTTP/1.1 413", "{addr}, attempt {attempt}");
+        }
+    }
+}

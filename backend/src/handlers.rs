@@ -42,36 +42,54 @@ where
     S: Stream<Item = Result<B, warp::Error>> + Send,
     B: Buf,
 {
+    let mut body = std::pin::pin!(body);
     let result = match method {
-        Method::GET => list(&raw_query, &store).map_err(|e| (e, BodyLeft::Read)),
-        Method::POST => create(&headers, body, &store, limits)
-            .await
-            .map_err(|e| (e, BodyLeft::Unread)),
-        _ => Err((ApiError::method_not_allowed("GET, POST"), BodyLeft::Read)),
+        Method::GET => list(&raw_query, &store),
+        Method::POST => create(&headers, body.as_mut(), &store, limits).await,
+        _ => Err(ApiError::method_not_allowed("GET, POST")),
     };
-    result.unwrap_or_else(|(error, body_left)| {
-        let unread = body_left == BodyLeft::Unread
-            && matches!(
-                error.code,
-                ErrorCode::PayloadTooLarge | ErrorCode::UnsupportedMediaType
-            );
-        let mut response = error.into_response();
-        if unread {
-            // We answered without reading the whole body: the connection cannot be reused, and a
-            // client that does not hear so would send its next request into a closed socket.
+    match result {
+        Ok(response) => response,
+        Err(error) => {
+            let drained = linger(body).await;
+            let mut response = error.into_response();
+            if !drained {
+                // The body is still on the wire: the connection cannot be reused, and a client
+                // that does not hear so would send its next request into a closed socket.
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
             response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        response
-    })
+    }
 }
 
-/// Whether a refused request's body may still be on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BodyLeft {
-    Read,
-    Unread,
+/// After refusing a request before reading all its body, read and discard the rest for up to
+/// this long, as nginx's `lingering_close` does: a client still sending would otherwise get a
+/// connection reset instead of the answer.
+const LINGER_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+/// ... and at most this many bytes.
+const LINGER_BYTES: usize = 64 * 1024 * 1024;
+
+/// Reads and discards what is left of `body` within [`LINGER_TIME`] and [`LINGER_BYTES`];
+/// whether it reached the end.
+async fn linger<S, B>(mut body: std::pin::Pin<&mut S>) -> bool
+where
+    S: Stream<Item = Result<B, warp::Error>> + Send,
+    B: Buf,
+{
+    let deadline = tokio::time::Instant::now() + LINGER_TIME;
+    let mut drained = 0;
+    loop {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(None) => return true,
+            Ok(Some(Ok(chunk))) if drained + chunk.remaining() <= LINGER_BYTES => {
+                drained += chunk.remaining();
+            }
+            _ => return false,
+        }
+    }
 }
 
 /// `/v1/pets/{petId}`: GET only (deprecated at the gateway).
@@ -111,7 +129,7 @@ fn next_link(query: &ListQuery, last_id: i64) -> String {
 
 async fn create<S, B>(
     headers: &HeaderMap,
-    body: S,
+    body: std::pin::Pin<&mut S>,
     store: &Store,
     limits: Limits,
 ) -> Result<Response, ApiError>
@@ -216,12 +234,14 @@ fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// Reads the body, refusing it as soon as it passes the limit (chunked bodies included).
-async fn read_limited<S, B>(body: S, limits: Limits) -> Result<BytesMut, ApiError>
+async fn read_limited<S, B>(
+    mut body: std::pin::Pin<&mut S>,
+    limits: Limits,
+) -> Result<BytesMut, ApiError>
 where
     S: Stream<Item = Result<B, warp::Error>> + Send,
     B: Buf,
 {
-    let mut body = std::pin::pin!(body);
     let mut collected = BytesMut::new();
     while let Some(chunk) = body.next().await {
         let mut chunk = chunk

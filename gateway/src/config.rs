@@ -17,6 +17,7 @@ use crate::plans::{MAX_LIMIT, Plans};
 use crate::routes::{Route, Routes, normalize_path};
 use crate::store::Fallback;
 use crate::store::redis::DEFAULT_TIMEOUT_MS;
+use crate::tls::TlsFiles;
 
 /// Default public listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -72,6 +73,20 @@ pub struct GatewayConfig {
     pub routes: Vec<RouteConfig>,
     /// `[gateway.redis]`: share keys and limits with other gateways.
     pub redis: RedisConfig,
+    /// `[gateway.tls]`: an HTTPS listener beside the plain one.
+    pub tls: TlsConfig,
+}
+
+/// `[gateway.tls]`: all three keys, or none.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// Where HTTPS (HTTP/2 and HTTP/1.1 by ALPN) is served (`--tls-listen`).
+    pub listen: Option<SocketAddr>,
+    /// PEM certificate chain, leaf first (`--tls-cert`).
+    pub cert: Option<std::path::PathBuf>,
+    /// PEM private key of the certificate (`--tls-key`).
+    pub key: Option<std::path::PathBuf>,
 }
 
 /// `[gateway.redis]`.
@@ -121,6 +136,7 @@ impl Default for GatewayConfig {
                 deprecations: Vec::new(),
             }],
             redis: RedisConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -220,6 +236,8 @@ pub struct Settings {
     pub routes: Routes,
     /// Redis, when keys and limits are shared.
     pub redis: Option<RedisSettings>,
+    /// The HTTPS listener and its files, if any.
+    pub tls: Option<(SocketAddr, TlsFiles)>,
 }
 
 /// Validated `[gateway.redis]`.
@@ -265,6 +283,22 @@ impl Settings {
                 fallback: config.redis.fallback,
             }),
         };
+        let tls = match (&config.tls.listen, &config.tls.cert, &config.tls.key) {
+            (None, None, None) => None,
+            (Some(listen), Some(cert), Some(key)) => Some((
+                *listen,
+                TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                },
+            )),
+            _ => {
+                return Err(
+                    "gateway.tls: give listen, cert and key together (--tls-listen, --tls-cert, --tls-key)"
+                        .to_owned(),
+                );
+            }
+        };
         if config.bans.max_seconds < config.bans.base_seconds {
             return Err("gateway.bans.max_seconds must be at least base_seconds".to_owned());
         }
@@ -299,6 +333,7 @@ impl Settings {
             },
             routes: Routes::new(routes),
             redis,
+            tls,
         })
     }
 }

@@ -22,6 +22,7 @@ pub mod redis_conn;
 pub mod redis_keys;
 pub mod routes;
 pub mod store;
+pub mod tls;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -34,7 +35,7 @@ use pingora::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 use tokio::sync::Mutex;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 pub use config::{GatewayConfig, Settings};
 pub use keyring::KeySource;
@@ -78,6 +79,9 @@ pub enum StartError {
     /// Redis could not be set up (not: could not be reached, which is a fallback).
     #[error(transparent)]
     Redis(#[from] RedisError),
+    /// The TLS certificate or key cannot be used.
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 /// How often the embedded store's snapshot is written: at most this much of the counts is lost
@@ -101,7 +105,12 @@ pub fn run(
     settings: Settings,
     data_dir: &Path,
     stop: oneshot::Receiver<()>,
+    reload: watch::Receiver<u64>,
 ) -> Result<(), StartError> {
+    let certificate = match &settings.tls {
+        Some((_, files)) => Some(tls::CertResolver::load(files.clone())?),
+        None => None,
+    };
     let source = key_source(&settings, data_dir)?;
     let limits = Arc::new(match (&source, &settings.redis) {
         (KeySource::Redis { store, .. }, Some(redis)) => LimitStore::Redis(RedisStore::start(
@@ -129,6 +138,9 @@ pub fn run(
         proxy::Gateway::new(settings.clone(), keyring.clone(), limits.clone()),
     );
     public.add_tcp(&settings.listen.to_string());
+    if let (Some((listen, _)), Some(certificate)) = (&settings.tls, &certificate) {
+        public.add_tls_with_settings(&listen.to_string(), None, certificate.listener_settings());
+    }
     let mut admin = Service::new(
         "admin".to_owned(),
         admin::Admin {
@@ -139,16 +151,27 @@ pub fn run(
     admin.threads = Some(1);
     let refresh = background_service("key refresh", keyring::KeyRefresh(keyring));
     let upkeep = background_service("limit snapshots", Snapshots(limits.clone()));
+    let reloads = background_service(
+        "reload on SIGHUP",
+        Reloads {
+            signal: reload,
+            certificate,
+        },
+    );
 
     server.add_service(public);
     server.add_service(admin);
     server.add_service(refresh);
     server.add_service(upkeep);
+    server.add_service(reloads);
     log::info!(
         "gateway listening on http://{} (admin on http://{})",
         settings.listen,
         settings.admin_listen
     );
+    if let Some((listen, _)) = &settings.tls {
+        log::info!("gateway listening on https://{listen} (HTTP/2 and HTTP/1.1)");
+    }
     server.run(RunArgs {
         shutdown_signal: Box::new(StopSignal {
             receiver: Mutex::new(Some(stop)),
@@ -180,6 +203,45 @@ impl pingora::services::background::BackgroundService for Snapshots {
                     let store = self.0.clone();
                     // File I/O off the runtime's threads.
                     let _ = tokio::task::spawn_blocking(move || store.persist()).await;
+                }
+            }
+        }
+    }
+}
+
+/// Re-reads what a `SIGHUP` asks for: the TLS certificate. A file with an error changes
+/// nothing and is logged.
+struct Reloads {
+    signal: watch::Receiver<u64>,
+    certificate: Option<Arc<tls::CertResolver>>,
+}
+
+#[async_trait]
+impl pingora::services::background::BackgroundService for Reloads {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        let mut signal = self.signal.clone();
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                changed = signal.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    self.reload();
+                }
+            }
+        }
+    }
+}
+
+impl Reloads {
+    fn reload(&self) {
+        if let Some(certificate) = &self.certificate {
+            match certificate.reload() {
+                Ok(()) => log::info!("gateway: SIGHUP: TLS certificate reloaded"),
+                Err(e) => {
+                    metrics::RELOAD_FAILURES.inc();
+                    log::error!("gateway: SIGHUP: keeping the previous TLS certificate: {e}");
                 }
             }
         }

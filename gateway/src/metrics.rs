@@ -95,6 +95,17 @@ pub static LIMIT_STORE_OUTAGES: Lazy<IntCounter> = Lazy::new(|| {
     )
 });
 
+/// Reloads asked for by SIGHUP that failed (the previous configuration stays in force).
+pub static RELOAD_FAILURES: Lazy<IntCounter> = Lazy::new(|| {
+    register(
+        IntCounter::new(
+            "gateway_reload_failures_total",
+            "SIGHUP reloads refused because a file had an error",
+        )
+        .expect("valid metric"),
+    )
+});
+
 /// The text exposition of every metric.
 pub fn render() -> Vec<u8> {
     Lazy::force(&RESPONSES);
@@ -103,6 +114,7 @@ pub fn render() -> Vec<u8> {
     Lazy::force(&KEY_RELOAD_FAILURES);
     Lazy::force(&LIMIT_STORE_FALLBACKS);
     Lazy::force(&LIMIT_STORE_OUTAGES);
+    Lazy::force(&RELOAD_FAILURES);
     let mut out = Vec::new();
     TextEncoder::new()
         .encode(&REGISTRY.gather(), &mut out)

@@ -47,6 +47,30 @@ use crate::unix_ms;
 /// upstream has just closed.
 const UPSTREAM_IDLE: Duration = Duration::from_secs(30);
 
+/// After answering before the request body was read, the gateway reads and discards the rest of
+/// it for up to this long, as nginx's `lingering_close` does: a client still sending would
+/// otherwise get a connection reset instead of the answer.
+const LINGER_TIME: Duration = Duration::from_secs(5);
+/// ... and at most this many bytes; past it the connection is closed.
+const LINGER_BYTES: usize = 64 * 1024 * 1024;
+
+/// Reads and discards what is left of the request body, within [`LINGER_TIME`] and
+/// [`LINGER_BYTES`]; a body drained to its end leaves the connection reusable.
+async fn linger(session: &mut Session) {
+    let deadline = tokio::time::Instant::now() + LINGER_TIME;
+    let mut drained = 0;
+    while !session.is_body_done() {
+        match tokio::time::timeout_at(deadline, session.read_request_body()).await {
+            Ok(Ok(Some(chunk))) if drained + chunk.len() <= LINGER_BYTES => drained += chunk.len(),
+            Ok(Ok(None)) => return,
+            _ => {
+                session.set_keepalive(None);
+                return;
+            }
+        }
+    }
+}
+
 /// Per-request state, from the first phase to `logging`.
 pub struct Ctx {
     /// Returned to the client and forwarded upstream.
@@ -329,6 +353,7 @@ impl ProxyHttp for Gateway {
             Ok(()) => Ok(false),
             Err(error) => {
                 respond(session, ctx, error).await?;
+                linger(session).await;
                 Ok(true)
             }
         }
@@ -417,11 +442,12 @@ impl ProxyHttp for Gateway {
             // pingora will not reuse this connection; say so, or the client sends its next
             // request into a closed socket.
             session.set_keepalive(None);
-            if let Err(write_error) = respond(session, ctx, error).await {
-                log::debug!(
+            match respond(session, ctx, error).await {
+                Ok(()) => linger(session).await,
+                Err(write_error) => log::debug!(
                     "request {}: could not send the error: {write_error}",
                     ctx.request_id
-                );
+                ),
             }
         }
         FailToProxy {

@@ -4,6 +4,7 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod redis;
+pub mod tls;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -231,31 +232,42 @@ impl Stack {
     }
 
     pub fn start_with(dir: &Path, config: &Path) -> Stack {
+        Self::start_with_args(dir, config, &[])
+    }
+
+    /// A stack over a fresh data directory with more `serve` flags.
+    pub fn start_with_args(dir: &Path, config: &Path, extra: &[&str]) -> Stack {
         let data_dir = dir.join("data");
         // Issue a key first, so that `serve` does not print a first-run key.
         Self::key_in(&data_dir, config, &["--plan", "pro", "--name", "setup"]);
-        Self::launch(dir, data_dir, config)
+        Self::launch_with(dir, data_dir, config, extra)
     }
 
     /// `serve` over `data_dir` exactly as it is (an empty one gets a first-run key).
     pub fn launch(dir: &Path, data_dir: PathBuf, config: &Path) -> Stack {
+        Self::launch_with(dir, data_dir, config, &[])
+    }
+
+    /// `serve` over `data_dir` with more flags (e.g. `--tls-listen`).
+    pub fn launch_with(dir: &Path, data_dir: PathBuf, config: &Path, extra: &[&str]) -> Stack {
         let (listen, backend, admin) = (free_addr(), free_addr(), free_addr());
-        let mut proc = Proc::start(
-            &[
-                "serve",
-                "--config",
-                config.to_str().unwrap(),
-                "--data-dir",
-                data_dir.to_str().unwrap(),
-                "--listen",
-                &listen.to_string(),
-                "--backend-listen",
-                &backend.to_string(),
-                "--admin-listen",
-                &admin.to_string(),
-            ],
-            dir.join(format!("serve-{}.log", listen.port())),
-        );
+        let (listen_s, backend_s, admin_s) =
+            (listen.to_string(), backend.to_string(), admin.to_string());
+        let mut args = vec![
+            "serve",
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+            "--listen",
+            &listen_s,
+            "--backend-listen",
+            &backend_s,
+            "--admin-listen",
+            &admin_s,
+        ];
+        args.extend_from_slice(extra);
+        let mut proc = Proc::start(&args, dir.join(format!("serve-{}.log", listen.port())));
         wait_for_port(listen, &mut proc.child);
         wait_for_port(admin, &mut proc.child);
         wait_for_port(backend, &mut proc.child);

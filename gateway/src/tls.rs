@@ -1,0 +1,156 @@
+//! TLS termination on the public listener (`--tls-listen`, `[gateway.tls]`): keys never cross a
+//! network in clear.
+//!
+//! rustls, through pingora's own TLS listener, rather than OpenSSL: it is memory-safe, needs no
+//! C library built or installed beside it, speaks only TLS 1.2 and 1.3 with AEAD cipher suites
+//! and forward secrecy (nothing to switch off), and its certificate resolver lets `SIGHUP` swap
+//! the certificate for new handshakes while established connections go on undisturbed.
+//!
+//! Certificates are checked when loaded, so a bad file is a clear error at start (and in
+//! `check-config`) naming the file: missing or unreadable, no PEM certificate or key in it, a
+//! key that does not belong to the certificate, or a certificate expired or not yet valid.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+use pingora::listeners::tls::TlsSettings;
+use pingora::tls::sign::CertifiedKey;
+use pingora::tls::{CertificateDer, ClientHello, PrivateKeyDer, ResolvesServerCert};
+use rustls_pki_types::pem::PemObject;
+
+/// The certificate chain and key files of the TLS listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate, leaf first, intermediates after it.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// Why a certificate or key cannot be used; always names the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct TlsError {
+    path: PathBuf,
+    message: String,
+}
+
+fn error(path: &Path, message: impl Into<String>) -> TlsError {
+    TlsError {
+        path: path.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// Reads and checks the certificate and key, for use at `now`.
+pub fn load(files: &TlsFiles, now: SystemTime) -> Result<Arc<CertifiedKey>, TlsError> {
+    let read =
+        |path: &Path| std::fs::read(path).map_err(|e| error(path, format!("cannot read it: {e}")));
+    let cert_pem = read(&files.cert)?;
+    let chain = CertificateDer::pem_slice_iter(&cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| error(&files.cert, format!("not a PEM certificate: {e}")))?;
+    let Some(leaf) = chain.first() else {
+        return Err(error(
+            &files.cert,
+            "no certificate in it (expected -----BEGIN CERTIFICATE-----)",
+        ));
+    };
+    check_validity(&files.cert, leaf, now)?;
+    let key_pem = read(&files.key)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem)
+        .map_err(|e| error(&files.key, format!("no PEM private key in it: {e}")))?;
+    pingora::tls::install_default_crypto_provider();
+    let provider = pingora::tls::CryptoProvider::get_default().expect("installed just above");
+    let signer = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| error(&files.key, format!("unusable private key: {e}")))?;
+    let certified = CertifiedKey::new(chain, signer);
+    certified.keys_match().map_err(|_| {
+        error(
+            &files.key,
+            format!(
+                "this key does not belong to the certificate in {}",
+                files.cert.display()
+            ),
+        )
+    })?;
+    Ok(Arc::new(certified))
+}
+
+fn check_validity(path: &Path, leaf: &CertificateDer<'_>, now: SystemTime) -> Result<(), TlsError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf)
+        .map_err(|e| error(path, format!("the first certificate does not parse: {e}")))?;
+    let now = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let validity = cert.validity();
+    if now > validity.not_after.timestamp() {
+        return Err(error(
+            path,
+            format!("the certificate expired on {}", validity.not_after),
+        ));
+    }
+    if now < validity.not_before.timestamp() {
+        return Err(error(
+            path,
+            format!(
+                "the certificate is not valid before {}",
+                validity.not_before
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The certificate the TLS listener presents, swappable while it runs.
+pub struct CertResolver {
+    files: TlsFiles,
+    current: ArcSwap<CertifiedKey>,
+}
+
+impl CertResolver {
+    /// Loads the certificate now; fails with the file at fault.
+    pub fn load(files: TlsFiles) -> Result<Arc<CertResolver>, TlsError> {
+        let current = load(&files, SystemTime::now())?;
+        Ok(Arc::new(CertResolver {
+            files,
+            current: ArcSwap::new(current),
+        }))
+    }
+
+    /// Reads the files again; new handshakes get the new certificate, open connections keep
+    /// theirs. A file with an error changes nothing.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let fresh = load(&self.files, SystemTime::now())?;
+        self.current.store(fresh);
+        Ok(())
+    }
+
+    /// pingora's listener settings: this resolver, and HTTP/2 offered before HTTP/1.1.
+    pub fn listener_settings(self: &Arc<Self>) -> TlsSettings {
+        let mut settings =
+            TlsSettings::intermediate("", "").expect("settings without files cannot fail");
+        settings.set_cert_resolver(self.clone());
+        settings.enable_h2();
+        settings
+    }
+}
+
+impl ResolvesServerCert for CertResolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+impl fmt::Debug for CertResolver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertResolver")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}

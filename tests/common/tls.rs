@@ -1,0 +1,57 @@
+//! Certificates made by the tests: a CA of their own and leaf certificates it signs for
+//! `localhost` and `127.0.0.1`, written as PEM files.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, date_time_ymd};
+
+/// A certificate authority that exists only for one test.
+pub struct TestCa {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl TestCa {
+    pub fn new() -> TestCa {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        TestCa {
+            issuer: CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap(),
+        }
+    }
+
+    /// The CA's certificate, for a client to trust.
+    pub fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A leaf for localhost, written to `dir/NAME.crt` (leaf then CA: a chain) and
+    /// `dir/NAME.key`; `expired` makes one that ended in 2021.
+    pub fn leaf(&self, dir: &Path, name: &str, expired: bool) -> (PathBuf, PathBuf) {
+        let mut params =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+        if expired {
+            params.not_before = date_time_ymd(2020, 1, 1);
+            params.not_after = date_time_ymd(2021, 1, 1);
+        }
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (cert_path, key_path) = (
+            dir.join(format!("{name}.crt")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&cert_path, format!("{}{}", cert.pem(), self.pem())).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+
+    /// An HTTPS client trusting only this CA; `http1` keeps it from offering HTTP/2.
+    pub fn client(&self, http1: bool) -> reqwest::Client {
+        let builder = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(self.pem().as_bytes()).unwrap())
+            .tls_built_in_root_certs(false)
+            .https_only(true)
+            .timeout(std::time::Duration::from_secs(20));
+        let builder = if http1 { builder.http1_only() } else { builder };
+        builder.build().unwrap()
+    }
+}

@@ -1,0 +1,333 @@
+//! TLS and HTTP/2 at the edge, through the real binary, with certificates the tests make.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::tls::TestCa;
+use common::{Stack, assert_error, cli, client, free_addr, metric, shipped_config};
+use nix::sys::signal::{Signal, kill};
+use reqwest::Version;
+
+/// A stack serving HTTPS on an extra port with `cert` and `key`.
+fn tls_stack(dir: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
+    let tls = free_addr();
+    let tls_s = tls.to_string();
+    let mut stack = Stack::start_with_args(
+        dir,
+        &shipped_config(),
+        &[
+            "--tls-listen",
+            &tls_s,
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    common::wait_for_port(tls, &mut stack.proc.child);
+    (stack, tls)
+}
+
+/// The contract's headers a response carries, by name, for comparing protocols.
+fn contract_headers(r: &reqwest::Response) -> Vec<String> {
+    let mut names: Vec<String> = [
+        "content-type",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "ratelimit",
+        "ratelimit-policy",
+        "x-request-id",
+        "retry-after",
+        "www-authenticate",
+        "deprecation",
+        "sunset",
+        "link",
+        "location",
+    ]
+    .iter()
+    .filter(|n| r.headers().contains_key(**n))
+    .map(|n| (*n).to_owned())
+    .collect();
+    names.sort();
+    names
+}
+
+/// One pass of the contract's answers over one client and base URL: 200, 201, a deprecated
+/// 200, 401, 404, 413, 429. Returns (status, header names) per step.
+async fn contract_pass(
+    stack: &Stack,
+    c: &reqwest::Client,
+    base: &str,
+    version: Option<Version>,
+) -> Vec<(u16, Vec<String>)> {
+    let key = stack.key(&["--plan", "pro"]);
+    let one = stack.enterprise_key(1, 1000);
+    let mut seen = Vec::new();
+    let mut record = |r: &reqwest::Response| {
+        if let Some(v) = version {
+            assert_eq!(r.version(), v, "{} {}", r.url(), r.status());
+        }
+        seen.push((r.status().as_u16(), contract_headers(r)));
+    };
+    let r = c
+        .get(format!("{base}/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    record(&r);
+    let r = c
+        .post(format!("{base}/v1/pets"))
+        .bearer_auth(&key)
+        .json(&serde_json::json!({"name": "Rex", "categoryId": 1}))
+        .send()
+        .await
+        .unwrap();
+    record(&r);
+    let location = r.headers()["location"].to_str().unwrap().to_owned();
+    let r = c
+        .get(format!("{base}{location}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    record(&r);
+    assert!(r.headers().contains_key("deprecation"));
+    let r = c.get(format!("{base}/v1/pets")).send().await.unwrap();
+    record(&r);
+    assert_error(r, 401, "unauthorized").await;
+    let r = c
+        .get(format!("{base}/v1/nothing"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    record(&r);
+    assert_error(r, 404, "not_found").await;
+    let r = c
+        .post(format!("{base}/v1/pets"))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body(vec![b' '; 2 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    record(&r);
+    assert_error(r, 413, "payload_too_large").await;
+    let r = c
+        .get(format!("{base}/v1/pets"))
+        .bearer_auth(&one)
+        .send()
+        .await
+        .unwrap();
+    record(&r);
+    let r = c
+        .get(format!("{base}/v1/pets"))
+        .bearer_auth(&one)
+        .send()
+        .await
+        .unwrap();
+    record(&r);
+    assert_error(r, 429, "rate_limited").await;
+    seen
+}
+
+#[tokio::test]
+async fn https_over_http2_and_http1_answers_exactly_as_plain_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let (stack, tls) = tls_stack(dir.path(), &cert, &key);
+    let https = format!("https://localhost:{}", tls.port());
+    let plain = contract_pass(&stack, &client(), &format!("http://{}", stack.listen), None).await;
+    let h2 = contract_pass(&stack, &ca.client(false), &https, Some(Version::HTTP_2)).await;
+    let h1 = contract_pass(&stack, &ca.client(true), &https, Some(Version::HTTP_11)).await;
+    assert_eq!(
+        plain.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        [200, 201, 200, 401, 404, 413, 200, 429]
+    );
+    assert_eq!(h2, plain, "HTTP/2 over TLS");
+    assert_eq!(h1, plain, "HTTP/1.1 over TLS");
+}
+
+#[test]
+fn plain_http_sent_to_the_tls_port_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let (_stack, tls) = tls_stack(dir.path(), &cert, &key);
+    let mut s = TcpStream::connect(tls).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let started = Instant::now();
+    s.write_all(b"GET /v1/pets HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer)
+        .expect("closed, not left hanging");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        answer.first(),
+        Some(&0x15),
+        "a TLS alert, then the connection closes"
+    );
+}
+
+#[test]
+fn unusable_certificates_are_clear_errors_at_start_and_in_check_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "good", false);
+    let (other_cert, other_key) = ca.leaf(dir.path(), "other", false);
+    let (expired_cert, expired_key) = ca.leaf(dir.path(), "expired", true);
+    let _ = other_cert;
+    let missing = dir.path().join("missing.crt");
+    let cases: [(&Path, &Path, &str, &Path); 4] = [
+        (&missing, &key, "cannot read it", &missing),
+        (
+            &cert,
+            &other_key,
+            "does not belong to the certificate",
+            &other_key,
+        ),
+        (&expired_cert, &expired_key, "expired on", &expired_cert),
+        (&key, &key, "no certificate in it", &key),
+    ];
+    for (cert, key, why, file) in cases {
+        let tls = free_addr().to_string();
+        let data = dir.path().join("data");
+        let started = Instant::now();
+        let (code, _, stderr) = cli(&[
+            "gateway",
+            "--config",
+            shipped_config().to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            &free_addr().to_string(),
+            "--admin-listen",
+            &free_addr().to_string(),
+            "--tls-listen",
+            &tls,
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ]);
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(code, 1, "{why}: {stderr}");
+        assert!(
+            stderr.contains(why) && stderr.contains(file.to_str().unwrap()),
+            "{why}: {stderr}"
+        );
+        let config = dir.path().join("tls.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[gateway.tls]\nlisten = \"{tls}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+                cert.display(),
+                key.display()
+            ),
+        )
+        .unwrap();
+        let (code, _, stderr) = cli(&["check-config", config.to_str().unwrap()]);
+        assert_eq!(code, 1, "check-config, {why}: {stderr}");
+        assert!(
+            stderr.contains(why) && stderr.contains(file.to_str().unwrap()),
+            "{stderr}"
+        );
+    }
+    let half = dir.path().join("half.toml");
+    std::fs::write(&half, "[gateway.tls]\nlisten = \"127.0.0.1:1\"\n").unwrap();
+    let (code, _, stderr) = cli(&["check-config", half.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("gateway.tls"), "{stderr}");
+}
+
+#[tokio::test]
+async fn sighup_swaps_the_certificate_without_dropping_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old_ca, new_ca) = (TestCa::new(), TestCa::new());
+    let (cert, key) = old_ca.leaf(dir.path(), "server", false);
+    let (stack, tls) = tls_stack(dir.path(), &cert, &key);
+    let url = format!("https://localhost:{}/v1/pets", tls.port());
+    let api_key = stack.key(&["--plan", "pro"]);
+    let old = old_ca.client(false);
+    assert_eq!(
+        old.get(&url)
+            .bearer_auth(&api_key)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert!(
+        new_ca.client(false).get(&url).send().await.is_err(),
+        "not trusted yet"
+    );
+
+    // New files in place, then SIGHUP.
+    let (new_cert, new_key) = new_ca.leaf(dir.path(), "next", false);
+    std::fs::copy(&new_cert, &cert).unwrap();
+    std::fs::copy(&new_key, &key).unwrap();
+    kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !stack.proc.log_text().contains("TLS certificate reloaded") {
+        assert!(Instant::now() < deadline, "no reload logged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fresh = new_ca.client(false);
+    assert_eq!(
+        fresh
+            .get(&url)
+            .bearer_auth(&api_key)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // The connection made before the reload is still open and still served: a new one would
+    // be refused, since this client trusts only the old CA.
+    assert_eq!(
+        old.get(&url)
+            .bearer_auth(&api_key)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    // A damaged file on SIGHUP changes nothing and is counted.
+    std::fs::write(&cert, "not a certificate").unwrap();
+    kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
+    while !stack
+        .proc
+        .log_text()
+        .contains("keeping the previous TLS certificate")
+    {
+        assert!(Instant::now() < deadline, "no refusal logged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        metric(stack.admin, "gateway_reload_failures_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        new_ca
+            .client(false)
+            .get(&url)
+            .bearer_auth(&api_key)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
