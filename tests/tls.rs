@@ -331,3 +331,47 @@ async fn sighup_swaps_the_certificate_without_dropping_connections() {
         200
     );
 }
+
+/// A route with `tls = true` reaches its upstream over HTTPS, verified against the configured
+/// CA; an upstream whose certificate the CA did not sign gets 502, never a silent pass.
+#[tokio::test]
+async fn a_route_with_tls_speaks_https_to_its_upstream_and_verifies_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, stranger) = (TestCa::new(), TestCa::new());
+    let trusted = common::TestUpstream::start_tls(ca.acceptor(dir.path())).await;
+    let unknown = common::TestUpstream::start_tls(stranger.acceptor(dir.path())).await;
+    let ca_file = ca.write_pem(dir.path());
+    let route = |prefix: &str, addr: SocketAddr| {
+        format!(
+            "[[gateway.routes]]\nprefix = \"{prefix}\"\nupstream = \"{addr}\"\ntls = true\nsni = \"localhost\"\nca = \"{}\"\n",
+            ca_file.display()
+        )
+    };
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!(
+            "{}{}{}",
+            common::PETS_ROUTE,
+            route("/v1/secure", trusted.addr),
+            route("/v1/impostor", unknown.addr)
+        ),
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+    let r = stack.get(&c, "/v1/secure/orders", &key).await;
+    assert_eq!(r.status(), 200);
+    let echo: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(echo["path"], "/v1/secure/orders");
+    assert_eq!(trusted.hits(), 1);
+    assert_error(
+        stack.get(&c, "/v1/impostor/x", &key).await,
+        502,
+        "bad_gateway",
+    )
+    .await;
+    assert_eq!(
+        unknown.hits(),
+        0,
+        "nothing was sent to an unverified upstream"
+    );
+}

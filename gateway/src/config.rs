@@ -14,7 +14,7 @@ use serde::Deserialize;
 use crate::bans::BanPolicy;
 use crate::deprecation::{AfterSunset, Deprecation};
 use crate::plans::{MAX_LIMIT, Plans};
-use crate::routes::{Route, Routes, normalize_path};
+use crate::routes::{Route, Routes, UpstreamTls, normalize_path};
 use crate::store::Fallback;
 use crate::store::redis::DEFAULT_TIMEOUT_MS;
 use crate::tls::TlsFiles;
@@ -134,6 +134,9 @@ impl Default for GatewayConfig {
                 upstream: BACKEND_UPSTREAM.to_owned(),
                 timeout_ms: None,
                 deprecations: Vec::new(),
+                tls: false,
+                sni: None,
+                ca: None,
             }],
             redis: RedisConfig::default(),
             tls: TlsConfig::default(),
@@ -180,6 +183,14 @@ pub struct RouteConfig {
     /// Deprecated operations within this route.
     #[serde(default)]
     pub deprecations: Vec<DeprecationConfig>,
+    /// Speak HTTPS to the upstream (HTTP/1.1 over TLS), verifying its certificate.
+    #[serde(default)]
+    pub tls: bool,
+    /// With `tls`: the name on the upstream's certificate (sent as SNI, and verified).
+    pub sni: Option<String>,
+    /// With `tls`: a PEM file of CA certificates to verify the upstream with, instead of the
+    /// system's roots.
+    pub ca: Option<std::path::PathBuf>,
 }
 
 /// `[[gateway.routes.deprecations]]`.
@@ -399,7 +410,29 @@ fn route_settings(
         upstream,
         timeout: Duration::from_millis(timeout.get()),
         deprecations,
+        tls: upstream_tls(route)?,
     })
+}
+
+/// The route's `tls`, `sni` and `ca`, checked: TLS needs a name to verify, and a CA file must
+/// hold certificates.
+fn upstream_tls(route: &RouteConfig) -> Result<Option<UpstreamTls>, String> {
+    if !route.tls {
+        if route.sni.is_some() || route.ca.is_some() {
+            return Err(".tls: `sni` and `ca` apply only with `tls = true`".to_owned());
+        }
+        return Ok(None);
+    }
+    let sni = route.sni.clone().ok_or_else(|| {
+        ".sni: with `tls = true`, give the name on the upstream's certificate".to_owned()
+    })?;
+    let ca = match &route.ca {
+        None => None,
+        Some(path) => Some(Arc::from(
+            crate::tls::load_ca(path).map_err(|e| format!(".ca: {e}"))?,
+        )),
+    };
+    Ok(Some(UpstreamTls { sni, ca }))
 }
 
 #[cfg(test)]
@@ -431,6 +464,22 @@ mod tests {
         .unwrap_err();
         assert!(
             err.starts_with("gateway.routes[0].deprecations[0].deprecated_at"),
+            "{err}"
+        );
+        let err =
+            settings("[[routes]]\nprefix = \"/v1/o\"\nupstream = \"127.0.0.1:1\"\ntls = true\n")
+                .unwrap_err();
+        assert!(err.starts_with("gateway.routes[0].sni"), "{err}");
+        let err =
+            settings("[[routes]]\nprefix = \"/v1/o\"\nupstream = \"127.0.0.1:1\"\nsni = \"x\"\n")
+                .unwrap_err();
+        assert!(err.starts_with("gateway.routes[0].tls"), "{err}");
+        let err = settings(
+            "[[routes]]\nprefix = \"/v1/o\"\nupstream = \"127.0.0.1:1\"\ntls = true\nsni = \"x\"\nca = \"/nonexistent.pem\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("gateway.routes[0].ca") && err.contains("/nonexistent.pem"),
             "{err}"
         );
         let err = settings("[bans]\nbase_seconds = 0\n").unwrap_err();

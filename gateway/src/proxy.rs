@@ -377,7 +377,14 @@ impl ProxyHttp for Gateway {
         let Some(route) = &ctx.route else {
             return Error::e_explain(ErrorType::InternalError, "no route chosen");
         };
-        let mut peer = HttpPeer::new(route.upstream, false, String::new());
+        let mut peer = match &route.tls {
+            None => HttpPeer::new(route.upstream, false, String::new()),
+            Some(tls) => {
+                let mut peer = HttpPeer::new(route.upstream, true, tls.sni.clone());
+                peer.options.ca = tls.ca.clone();
+                peer
+            }
+        };
         peer.options.connection_timeout = Some(self.settings.connect_timeout);
         peer.options.read_timeout = Some(route.timeout);
         peer.options.write_timeout = Some(route.timeout);

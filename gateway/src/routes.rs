@@ -123,6 +123,40 @@ pub struct Route {
     pub timeout: Duration,
     /// Deprecated operations within the route.
     pub deprecations: Vec<Arc<Deprecation>>,
+    /// TLS to the upstream, if the route asks for it.
+    pub tls: Option<UpstreamTls>,
+}
+
+/// How the gateway speaks TLS to a route's upstream.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    /// The name sent as SNI and verified against the upstream's certificate.
+    pub sni: String,
+    /// The CA certificates to verify it with; `None`: the system's roots.
+    pub ca: Option<Arc<pingora::protocols::tls::CaType>>,
+}
+
+impl PartialEq for UpstreamTls {
+    /// Same name, and the very same CA list (CA certificates are compared by identity).
+    fn eq(&self, other: &Self) -> bool {
+        let same_ca = match (&self.ca, &other.ca) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        self.sni == other.sni && same_ca
+    }
+}
+
+impl Eq for UpstreamTls {}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("sni", &self.sni)
+            .field("ca", &self.ca.as_ref().map(|ca| ca.len()))
+            .finish()
+    }
 }
 
 impl Route {
@@ -210,6 +244,7 @@ mod tests {
             upstream: SocketAddr::from(([127, 0, 0, 1], port)),
             timeout: Duration::from_secs(1),
             deprecations: Vec::new(),
+            tls: None,
         };
         let routes = Routes::new(vec![
             route("/v1/store", 1),

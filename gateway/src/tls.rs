@@ -107,6 +107,28 @@ fn check_validity(path: &Path, leaf: &CertificateDer<'_>, now: SystemTime) -> Re
     Ok(())
 }
 
+/// The CA certificates in a PEM file, for verifying a route's upstream.
+pub fn load_ca(path: &Path) -> Result<Vec<pingora::utils::tls::WrappedX509>, TlsError> {
+    let pem = std::fs::read(path).map_err(|e| error(path, format!("cannot read it: {e}")))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| error(path, format!("not a PEM certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err(error(path, "no certificate in it"));
+    }
+    certs
+        .into_iter()
+        .map(|der| {
+            x509_parser::parse_x509_certificate(&der)
+                .map_err(|e| error(path, format!("a certificate does not parse: {e}")))?;
+            Ok(pingora::utils::tls::WrappedX509::new(
+                der.to_vec(),
+                pingora::utils::tls::parse_x509,
+            ))
+        })
+        .collect()
+}
+
 /// The certificate the TLS listener presents, swappable while it runs.
 pub struct CertResolver {
     files: TlsFiles,

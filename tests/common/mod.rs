@@ -402,8 +402,15 @@ pub struct TestUpstream {
 
 impl TestUpstream {
     pub async fn start(delay: Duration) -> TestUpstream {
-        use std::sync::atomic::Ordering;
-        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        Self::start_with(delay, None).await
+    }
+
+    /// An upstream that speaks HTTPS with `tls` (see [`tls::TestCa::acceptor`]).
+    pub async fn start_tls(tls: tokio_rustls::TlsAcceptor) -> TestUpstream {
+        Self::start_with(Duration::ZERO, Some(tls)).await
+    }
+
+    async fn start_with(delay: Duration, tls: Option<tokio_rustls::TlsAcceptor>) -> TestUpstream {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -413,53 +420,14 @@ impl TestUpstream {
                 let Ok((stream, _)) = listener.accept().await else {
                     return;
                 };
-                let counter = counter.clone();
+                let (counter, tls) = (counter.clone(), tls.clone());
                 tokio::spawn(async move {
-                    let mut stream = BufReader::new(stream);
-                    loop {
-                        let mut request_line = String::new();
-                        if stream.read_line(&mut request_line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        let mut headers = serde_json::Map::new();
-                        let mut length = 0usize;
-                        loop {
-                            let mut line = String::new();
-                            if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
-                                return;
+                    match tls {
+                        None => echo(stream, counter, delay).await,
+                        Some(tls) => {
+                            if let Ok(stream) = tls.accept(stream).await {
+                                echo(stream, counter, delay).await;
                             }
-                            let line = line.trim_end();
-                            if line.is_empty() {
-                                break;
-                            }
-                            if let Some((n, v)) = line.split_once(':') {
-                                let n = n.trim().to_ascii_lowercase();
-                                if n == "content-length" {
-                                    length = v.trim().parse().unwrap_or(0);
-                                }
-                                headers.insert(n, serde_json::Value::String(v.trim().to_owned()));
-                            }
-                        }
-                        let mut body = vec![0u8; length];
-                        if stream.read_exact(&mut body).await.is_err() {
-                            return;
-                        }
-                        counter.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(delay).await;
-                        let path = request_line.split(' ').nth(1).unwrap_or("").to_owned();
-                        let echo =
-                            serde_json::json!({"path": path, "headers": headers}).to_string();
-                        let response = format!(
-                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{echo}",
-                            echo.len()
-                        );
-                        if stream
-                            .get_mut()
-                            .write_all(response.as_bytes())
-                            .await
-                            .is_err()
-                        {
-                            return;
                         }
                     }
                 });
@@ -470,6 +438,65 @@ impl TestUpstream {
 
     pub fn hits(&self) -> usize {
         self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Answers each request on `stream` with 200 and a JSON echo of its path and headers.
+async fn echo<S>(
+    stream: S,
+    counter: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    delay: Duration,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let mut stream = BufReader::new(stream);
+    loop {
+        let mut request_line = String::new();
+        if stream.read_line(&mut request_line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let mut headers = serde_json::Map::new();
+        let mut length = 0usize;
+        loop {
+            let mut line = String::new();
+            if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return;
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((n, v)) = line.split_once(':') {
+                let n = n.trim().to_ascii_lowercase();
+                if n == "content-length" {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                headers.insert(n, serde_json::Value::String(v.trim().to_owned()));
+            }
+        }
+        let mut body = vec![0u8; length];
+        if stream.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        counter.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(delay).await;
+        let path = request_line.split(' ').nth(1).unwrap_or("").to_owned();
+        let echo = serde_json::json!({"path": path, "headers": headers}).to_string();
+        let response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{echo}",
+            echo.len()
+        );
+        if stream
+            .get_mut()
+            .write_all(response.as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let _ = stream.get_mut().flush().await;
     }
 }
 

@@ -44,6 +44,31 @@ impl TestCa {
         (cert_path, key_path)
     }
 
+    /// A TLS acceptor presenting a fresh leaf of this CA (for a test upstream).
+    pub fn acceptor(&self, dir: &Path) -> tokio_rustls::TlsAcceptor {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let (cert, key) = self.leaf(dir, "upstream", false);
+        let certs = CertificateDer::pem_file_iter(&cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(&key).unwrap();
+        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        let config = tokio_rustls::rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+    }
+
+    /// Writes the CA's certificate to `dir/ca.pem` and returns the path.
+    pub fn write_pem(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("ca.pem");
+        std::fs::write(&path, self.pem()).unwrap();
+        path
+    }
+
     /// An HTTPS client trusting only this CA; `http1` keeps it from offering HTTP/2.
     pub fn client(&self, http1: bool) -> reqwest::Client {
         let builder = reqwest::Client::builder()
