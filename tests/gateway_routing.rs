@@ -507,3 +507,40 @@ fn early_refusals_reach_a_client_that_writes_its_whole_body_first() {
         }
     }
 }
+
+/// A keep-alive client connection idle for `gateway.keepalive_timeout_seconds` is closed, as
+/// nginx does; one in use is not.
+#[test]
+fn idle_keep_alive_connections_are_closed_after_the_timeout() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!("keepalive_timeout_seconds = 2\n{PETS_ROUTE}"),
+    );
+    let key = stack.key(&["--plan", "business"]);
+    let request =
+        format!("GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n");
+    let mut s = std::net::TcpStream::connect(stack.listen).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 4096];
+    // Busy for longer than the timeout, a request every second: the connection stays.
+    for _ in 0..4 {
+        s.write_all(request.as_bytes()).unwrap();
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    // Then idle: closed after about 2 s, not left open.
+    let idle = Instant::now();
+    assert_eq!(s.read(&mut buf).unwrap(), 0, "closed by the gateway");
+    let waited = idle.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(8),
+        "{waited:?}"
+    );
+}

@@ -38,6 +38,8 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 2_000;
 pub const DEFAULT_AUTH_FAILURES_PER_MINUTE: u32 = 60;
 /// Default interval at which the key store file is checked for changes.
 pub const DEFAULT_KEY_REFRESH_MS: u64 = 500;
+/// Default idle time after which a client connection is closed, as nginx's default is 75 s.
+pub const DEFAULT_KEEPALIVE_TIMEOUT_SECONDS: u64 = 60;
 /// The upstream name that means "the backend of this deployment" (`--backend-listen`).
 pub const BACKEND_UPSTREAM: &str = "backend";
 
@@ -49,8 +51,12 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// `/metrics` (Prometheus), `/healthz`, `/readyz`.
     pub admin_listen: SocketAddr,
-    /// Worker threads of the proxy.
-    pub threads: NonZeroUsize,
+    /// Worker threads of the proxy; unset: one per CPU the process may use (so a gateway pinned
+    /// to one core runs one thread, as nginx runs one worker per core).
+    pub threads: Option<NonZeroUsize>,
+    /// A client connection idle this long between requests is closed (nginx's
+    /// `keepalive_timeout`); HTTP/2 connections too.
+    pub keepalive_timeout_seconds: NonZeroU64,
     /// Request bodies over this many bytes get 413 without reaching an upstream.
     pub max_body_bytes: u64,
     /// Requests whose header names and values exceed this many bytes get 400 `invalid_request`.
@@ -118,7 +124,9 @@ impl Default for GatewayConfig {
         GatewayConfig {
             listen: DEFAULT_LISTEN.parse().expect("valid default"),
             admin_listen: DEFAULT_ADMIN_LISTEN.parse().expect("valid default"),
-            threads: NonZeroUsize::new(2).expect("non-zero"),
+            threads: None,
+            keepalive_timeout_seconds: NonZeroU64::new(DEFAULT_KEEPALIVE_TIMEOUT_SECONDS)
+                .expect("non-zero"),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             upstream_timeout_ms: NonZeroU64::new(DEFAULT_UPSTREAM_TIMEOUT_MS).expect("non-zero"),
@@ -227,6 +235,8 @@ pub struct Settings {
     pub admin_listen: SocketAddr,
     /// Proxy worker threads.
     pub threads: usize,
+    /// Idle client connections are closed after this long.
+    pub keepalive_timeout: Duration,
     /// Request body limit.
     pub max_body_bytes: u64,
     /// Request header limit (names and values together).
@@ -328,7 +338,11 @@ impl Settings {
         Ok(Settings {
             listen: config.listen,
             admin_listen: config.admin_listen,
-            threads: config.threads.get(),
+            threads: config.threads.map_or_else(
+                || std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+                NonZeroUsize::get,
+            ),
+            keepalive_timeout: Duration::from_secs(config.keepalive_timeout_seconds.get()),
             max_body_bytes: config.max_body_bytes,
             max_header_bytes: config.max_header_bytes,
             connect_timeout: Duration::from_millis(config.connect_timeout_ms.get()),

@@ -137,6 +137,11 @@ pub fn run(
         &server.configuration,
         proxy::Gateway::new(settings.clone(), keyring.clone(), limits.clone()),
     );
+    if let Some(app) = public.app_logic_mut() {
+        let mut options = pingora::apps::HttpServerOptions::default();
+        options.h2_idle_timeout = Some(settings.keepalive_timeout);
+        app.server_options = Some(options);
+    }
     public.add_tcp(&settings.listen.to_string());
     if let (Some((listen, _)), Some(certificate)) = (&settings.tls, &certificate) {
         public.add_tls_with_settings(&listen.to_string(), None, certificate.listener_settings());

@@ -332,7 +332,16 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {
+        // No compression module: the gateway never compresses, so it need not run per request.
+    }
+
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        // HTTP/1.1 keep-alive is unbounded in pingora: close idle clients as nginx does. (Off
+        // stays off: `Connection: close` and HTTP/1.0 without keep-alive.)
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(self.settings.keepalive_timeout.as_secs()));
+        }
         let request = session.req_header();
         if request.uri.path() == OPENAPI_PATH && request.method == http::Method::GET {
             // The API description is public: no key, nothing counted against one.

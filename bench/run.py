@@ -1,0 +1,620 @@
+#!/usr/bin/env python3
+"""The one place Animal Store's performance is measured: `bash bench/run.sh` runs this.
+
+Every contender is measured in the same run as its peers, on loopback, and reported as ratios,
+because these machines are shared and noisy. Pinning on 2 cores: the proxy under test on CPU 0;
+the load generator, the upstream and Redis on CPU 1. Rounds run every contender back to back, in
+alternating order; values are medians with the spread (min-max) of the rounds.
+
+Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis):
+  get      closed loop (wrk -t1 -c64): upstream direct, nginx limit_req, HAProxy stick table,
+           bare pingora pass-through, the gateway (embedded store, Redis store, two gateways on
+           one Redis); req/s, p99, proxy CPU time per request
+  open     open loop at fixed offered rates (oha -q RATE --latency-correction): p50/p99 against
+           offered load, plotted to bench/latency.svg
+  idle     RSS of each proxy holding 10,000 idle keep-alive connections that each made one GET
+  creates  durable creates straight to the backend: commit = group, per_request, none
+  tls      HTTPS: wrk over HTTP/1.1, h2load over HTTP/2, and full handshakes per second; the
+           gateway against nginx with the same certificate
+  redis    two gateways on one Redis under load: admitted requests against the key's limit
+"""
+
+import asyncio
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+DUR = int(os.environ.get("DUR", "8"))
+ROUNDS = int(os.environ.get("ROUNDS", "3"))
+CONN = int(os.environ.get("CONN", "64"))
+IDLE = int(os.environ.get("IDLE", "10000"))
+PARTS = os.environ.get("PARTS", "get,open,idle,creates,tls,redis").split(",")
+BIN = ROOT / "target/release/animal-store"
+PASS = ROOT / "target/release/passthrough"
+WORK = Path(tempfile.mkdtemp(prefix="animal-bench-"))
+PROCS = []
+BODY = '[{"id":1,"name":"Rex","categoryId":1,"status":"available"}]'
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_port(port, proc=None):
+    for _ in range(600):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if proc is not None and proc.poll() is not None:
+                sys.exit(f"a process exited early: {proc.args}")
+            time.sleep(0.05)
+    sys.exit(f"port {port} never opened")
+
+
+def start(cpu, argv, name, env=None):
+    out = open(WORK / f"{name}.log", "ab")
+    proc = subprocess.Popen(["taskset", "-c", str(cpu), *map(str, argv)], stdout=out,
+                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                            start_new_session=True)
+    PROCS.append(proc)
+    return proc
+
+
+def stop(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def cleanup():
+    for p in PROCS:
+        try:
+            stop(p)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+def proxy_pid(proc):
+    """The pid doing the work: taskset execs, so it is the Popen's own."""
+    return proc.pid
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def children_rss_kib(pid):
+    """RSS of a process and its children (nginx and HAProxy fork workers)."""
+    total = rss_kib(pid)
+    for child in Path(f"/proc/{pid}/task").iterdir():
+        kids = Path(f"/proc/{pid}/task/{child.name}/children")
+        if kids.exists():
+            for kid in kids.read_text().split():
+                try:
+                    total += children_rss_kib(int(kid))
+                except FileNotFoundError:
+                    pass
+    return total
+
+
+# ---------------------------------------------------------------- load generators
+
+def wrk(url, key=None, conns=CONN, dur=DUR, script="get.lua"):
+    env = {**os.environ, "KEY": key or ""}
+    out = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", f"-c{conns}", f"-d{dur}s", "--latency",
+                          "-s", str(BENCH / script), url], capture_output=True, text=True, env=env,
+                         check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    value, unit = re.search(r"^\s+99%\s+([\d.]+)(us|ms|s)\s*$", out, re.M).groups()
+    p99 = float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+    total = int(re.search(r"(\d+) requests in", out).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    return {"rps": rps, "p99": p99, "requests": total, "non2xx": int(non2xx.group(1)) if non2xx else 0}
+
+
+def oha(url, rate, key, dur=DUR):
+    out = subprocess.run(["taskset", "-c", "1", "oha", "-z", f"{dur}s", "-q", str(rate),
+                          "--latency-correction", "-c", str(CONN), "--no-tui",
+                          "--output-format", "json", "-H", f"Authorization: Bearer {key}", url],
+                         capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    pct = data["latencyPercentiles"]
+    return {"p50": pct["p50"] * 1000, "p99": pct["p99"] * 1000,
+            "rps": data["summary"]["requestsPerSec"], "ok": data["summary"]["successRate"]}
+
+
+def median_spread(values):
+    return statistics.median(values), min(values), max(values)
+
+
+# ---------------------------------------------------------------- contenders
+
+class Upstream:
+    """A trivial nginx upstream on CPU 1: 200 with a one-pet JSON array, keep-alive forever."""
+
+    def __init__(self):
+        self.port = free_port()
+        d = WORK / "upstream"
+        d.mkdir()
+        (d / "nginx.conf").write_text(f"""
+worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;
+events {{ worker_connections 20000; }}
+http {{ access_log off; keepalive_requests 100000000; keepalive_timeout 300s;
+  server {{ listen 127.0.0.1:{self.port};
+    location / {{ default_type application/json; return 200 '{BODY}'; }} }} }}""")
+        self.proc = start(1, ["nginx", "-c", d / "nginx.conf", "-g", "daemon off;"], "upstream")
+        wait_port(self.port, self.proc)
+
+
+def nginx_proxy(upstream, tls=None):
+    port = free_port()
+    d = WORK / f"nginx-{port}"
+    d.mkdir()
+    listen = f"listen 127.0.0.1:{port}" + (" ssl http2" if tls else "")
+    certs = f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]}; ssl_protocols TLSv1.2 TLSv1.3;" if tls else ""
+    (d / "nginx.conf").write_text(f"""
+worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log; worker_rlimit_nofile 65536;
+events {{ worker_connections 30000; }}
+http {{ access_log off; keepalive_requests 100000000;
+  limit_req_zone $http_authorization zone=keys:10m rate=100000000r/s;
+  upstream up {{ server 127.0.0.1:{upstream.port}; keepalive 64; }}
+  server {{ {listen}; {certs}
+    location /v1/ {{ limit_req zone=keys burst=100000000 nodelay;
+      proxy_http_version 1.1; proxy_set_header Connection ""; proxy_set_header Authorization "";
+      proxy_set_header X-Forwarded-For $remote_addr; proxy_pass http://up; }} }} }}""")
+    proc = start(0, ["nginx", "-c", d / "nginx.conf", "-g", "daemon off;"], f"nginx-{port}")
+    wait_port(port, proc)
+    return proc, port
+
+
+def haproxy_proxy(upstream):
+    port = free_port()
+    cfg = WORK / f"haproxy-{port}.cfg"
+    cfg.write_text(f"""
+global
+  nbthread 1
+  maxconn 30000
+defaults
+  mode http
+  timeout client 300s
+  timeout server 300s
+  timeout connect 5s
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:{port}
+  stick-table type string len 128 size 1m expire 60s store http_req_rate(60s)
+  http-request track-sc0 req.hdr(Authorization)
+  http-request deny deny_status 429 if {{ sc_http_req_rate(0) gt 100000000 }}
+  http-request del-header Authorization
+  default_backend be
+backend be
+  server up 127.0.0.1:{upstream.port} maxconn 1000
+""")
+    proc = start(0, ["haproxy", "-f", cfg, "-db"], f"haproxy-{port}")
+    wait_port(port, proc)
+    return proc, port
+
+
+def passthrough(upstream):
+    port = free_port()
+    proc = start(0, [PASS, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.port}"], f"passthrough-{port}")
+    wait_port(port, proc)
+    return proc, port
+
+
+def bench_config(extra=""):
+    path = WORK / f"config-{len(list(WORK.glob('config-*')))}.toml"
+    path.write_text(f"[gateway]\nkey_refresh_ms = 200\n{extra}\n")
+    return path
+
+
+def gateway(upstream_port, data, extra_args=(), config=None, cpu=0):
+    port, admin = free_port(), free_port()
+    config = config or bench_config()
+    proc = start(cpu, [BIN, "gateway", "--config", config, "--data-dir", data, "--listen", f"127.0.0.1:{port}",
+                       "--admin-listen", f"127.0.0.1:{admin}", "--backend-listen",
+                       f"127.0.0.1:{upstream_port}", *extra_args], f"gateway-{port}",
+                 env={"RUST_LOG": "warn"})
+    wait_port(port, proc)
+    wait_port(admin, proc)
+    return proc, port
+
+
+def make_key(data, *args, config=None):
+    config = config or bench_config()
+    return subprocess.run([BIN, "keys", "create", "--config", config, "--data-dir", data, *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def redis_server():
+    port = free_port()
+    d = WORK / f"redis-{port}"
+    d.mkdir()
+    proc = start(1, ["redis-server", "--bind", "127.0.0.1", "--port", port, "--dir", d, "--save", "",
+                     "--appendonly", "no"], f"redis-{port}")
+    wait_port(port, proc)
+    return proc, f"redis://127.0.0.1:{port}"
+
+
+ENTERPRISE = ("--plan", "enterprise", "--per-minute", "1000000000000", "--per-day", "1000000000000")
+
+
+# ---------------------------------------------------------------- parts
+
+def part_get(upstream, results):
+    log("== get: closed loop, GET with a valid key")
+    data = WORK / "gw-data"
+    key = make_key(data, *ENTERPRISE)
+    redis_proc, redis_url = redis_server()
+    rkey = make_key(WORK / "cli", *ENTERPRISE, "--redis-url", redis_url)
+    contenders = {
+        "direct": (None, upstream.port),
+        "nginx": nginx_proxy(upstream),
+        "haproxy": haproxy_proxy(upstream),
+        "pingora pass-through": passthrough(upstream),
+        "gateway (embedded)": gateway(upstream.port, data),
+        "gateway (redis)": gateway(upstream.port, WORK / "gw-redis-a", ["--redis-url", redis_url]),
+    }
+    second = gateway(upstream.port, WORK / "gw-redis-b", ["--redis-url", redis_url])
+    time.sleep(1.5)  # keys loaded, heartbeats seen
+    rows = {name: [] for name in [*contenders, "2 gateways (redis)"]}
+    names = list(rows)
+    for rnd in range(ROUNDS):
+        order = names if rnd % 2 == 0 else list(reversed(names))
+        for name in order:
+            if name == "2 gateways (redis)":
+                ports = [contenders["gateway (redis)"][1], second[1]]
+                with_threads = []
+                import concurrent.futures
+                with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                    futs = [pool.submit(wrk, f"http://127.0.0.1:{p}/v1/pets", rkey, CONN // 2) for p in ports]
+                    with_threads = [f.result() for f in futs]
+                r = {"rps": sum(x["rps"] for x in with_threads), "p99": max(x["p99"] for x in with_threads),
+                     "requests": sum(x["requests"] for x in with_threads),
+                     "non2xx": sum(x["non2xx"] for x in with_threads), "cpu_us": None}
+            else:
+                proc, port = contenders[name]
+                k = rkey if "redis" in name else key
+                wrk(f"http://127.0.0.1:{port}/v1/pets", k, dur=1)  # warm-up
+                before = cpu_seconds(proc.pid) if proc else 0
+                r = wrk(f"http://127.0.0.1:{port}/v1/pets", k)
+                r["cpu_us"] = (cpu_seconds(proc.pid) - before) / r["requests"] * 1e6 if proc else None
+            if r["non2xx"]:
+                sys.exit(f"{name}: {r['non2xx']} non-2xx responses")
+            rows[name].append(r)
+            log(f"  round {rnd + 1} {name}: {r['rps']:.0f} req/s, p99 {r['p99']:.2f} ms"
+                + (f", {r['cpu_us']:.1f} us CPU/request" if r.get("cpu_us") else ""))
+    results["get"] = rows
+    results["get_procs"] = {n: c for n, c in contenders.items()}
+    results["keys"] = {"embedded": key, "redis": rkey}
+    for name, (proc, _) in contenders.items():
+        if proc and name not in ("nginx", "haproxy", "pingora pass-through", "gateway (embedded)"):
+            pass
+    stop(second[0])
+    results["_stop_later"] = [redis_proc]
+
+
+def part_open(upstream, results):
+    log("== open: latency at fixed offered rates (oha --latency-correction)")
+    contenders = results["get_procs"]
+    nginx_max = statistics.median(r["rps"] for r in results["get"]["nginx"])
+    rates = [int(nginx_max * f) for f in (0.25, 0.5, 0.75)]
+    rows = {}
+    for name, (proc, port) in contenders.items():
+        key = results["keys"]["redis" if "redis" in name else "embedded"]
+        rows[name] = []
+        for rate in rates:
+            r = oha(f"http://127.0.0.1:{port}/v1/pets", rate, key)
+            r["rate"] = rate
+            rows[name].append(r)
+            log(f"  {name} at {rate}/s: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, achieved {r['rps']:.0f}/s")
+    results["open"] = {"rates": rates, "rows": rows}
+    plot(results["open"], BENCH / "latency.svg")
+
+
+def plot(open_results, path):
+    """p99 latency against offered load, one line per contender, as a small SVG."""
+    rates = open_results["rates"]
+    rows = open_results["rows"]
+    w, h, left, bottom = 640, 400, 70, 50
+    ymax = max(max(r["p99"] for r in series) for series in rows.values()) * 1.1 or 1
+    xmax = rates[-1] * 1.05
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
+    x = lambda v: left + v / xmax * (w - left - 20)
+    y = lambda v: h - bottom - v / ymax * (h - bottom - 20)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h + 20 * len(rows)}" font-family="sans-serif" font-size="12">',
+             '<rect width="100%" height="100%" fill="white"/>',
+             f'<line x1="{left}" y1="{h - bottom}" x2="{w - 10}" y2="{h - bottom}" stroke="black"/>',
+             f'<line x1="{left}" y1="20" x2="{left}" y2="{h - bottom}" stroke="black"/>',
+             f'<text x="{w / 2}" y="{h - 10}" text-anchor="middle">offered load (requests/s, open loop, oha --latency-correction)</text>',
+             f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">p99 latency (ms)</text>']
+    for i in range(5):
+        v = ymax * i / 4
+        parts.append(f'<text x="{left - 5}" y="{y(v) + 4}" text-anchor="end">{v:.1f}</text>')
+    for r in rates:
+        parts.append(f'<text x="{x(r)}" y="{h - bottom + 15}" text-anchor="middle">{r}</text>')
+    for i, (name, series) in enumerate(rows.items()):
+        c = colors[i % len(colors)]
+        pts = " ".join(f"{x(s['rate']):.1f},{y(s['p99']):.1f}" for s in series)
+        parts.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="2"/>')
+        parts.append(f'<text x="{left}" y="{h + 15 + 20 * i}" fill="{c}">&#9632; {name}</text>')
+    parts.append("</svg>")
+    path.write_text("\n".join(parts))
+
+
+async def hold_idle(port, key, n):
+    """Opens n connections, sends one GET with the key on each, reads the answer, keeps them."""
+    conns = []
+    request = f"GET /v1/pets HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+    sem = asyncio.Semaphore(500)
+
+    async def one():
+        async with sem:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
+            await reader.readexactly(length)
+            conns.append(writer)
+    await asyncio.gather(*(one() for _ in range(n)))
+    return conns
+
+
+def part_idle(upstream, results):
+    log(f"== idle: RSS with {IDLE} idle keep-alive connections")
+    rows = {}
+    for name, (proc, port) in results["get_procs"].items():
+        if proc is None:
+            continue
+        key = results["keys"]["redis" if "redis" in name else "embedded"]
+        before = children_rss_kib(proc.pid)
+        loop = asyncio.new_event_loop()
+        conns = loop.run_until_complete(hold_idle(port, key, IDLE))
+        time.sleep(1)
+        after = children_rss_kib(proc.pid)
+        for w in conns:
+            w.close()
+        loop.run_until_complete(asyncio.sleep(0.5))
+        loop.close()
+        rows[name] = (before, after)
+        log(f"  {name}: {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB, {(after - before) / IDLE * 1024:.0f} B per connection")
+        time.sleep(1)
+    results["idle"] = rows
+
+
+def part_creates(results):
+    log("== creates: durable creates straight to the backend")
+    rows = {m: [] for m in ("group", "per_request", "none")}
+    for rnd in range(ROUNDS):
+        for mode in (rows if rnd % 2 == 0 else reversed(list(rows))):
+            port = free_port()
+            config = WORK / f"backend-{mode}.toml"
+            config.write_text(f'[backend]\ncommit = "{mode}"\n')
+            proc = start(0, [BIN, "backend", "--config", config, "--data-dir", WORK / f"data-{mode}-{rnd}",
+                             "--backend-listen", f"127.0.0.1:{port}"], f"backend-{mode}", env={"RUST_LOG": "warn"})
+            wait_port(port, proc)
+            r = wrk(f"http://127.0.0.1:{port}/v1/pets", script="create.lua")
+            stop(proc)
+            rows[mode].append(r)
+            log(f"  round {rnd + 1} {mode}: {r['rps']:.0f} creates/s, p99 {r['p99']:.2f} ms")
+    results["creates"] = rows
+
+
+def h2load(url, *args):
+    out = subprocess.run(["taskset", "-c", "1", "h2load", *args, url], capture_output=True, text=True).stdout
+    m = re.search(r"finished in ([\d.]+)(ms|s), ([\d.]+) req/s", out)
+    ok = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded", out)
+    if not m:
+        sys.exit(f"h2load failed: {out[-500:]}")
+    secs = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+    return {"rps": float(m.group(3)), "secs": secs, "ok": int(ok.group(1)) if ok else 0, "out": out}
+
+
+def part_tls(upstream, results):
+    log("== tls: HTTPS through the gateway and nginx, same certificate")
+    cert, keyf = WORK / "cert.pem", WORK / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "2", "-subj", "/CN=localhost", "-addext",
+                    "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", keyf, "-out", cert],
+                   check=True, capture_output=True)
+    data = WORK / "gw-tls"
+    key = make_key(data, *ENTERPRISE)
+    tls_port = free_port()
+    gw, _ = gateway(upstream.port, data, ["--tls-listen", f"127.0.0.1:{tls_port}", "--tls-cert", cert,
+                                          "--tls-key", keyf])
+    wait_port(tls_port, gw)
+    ng, ng_port = nginx_proxy(upstream, tls=(cert, keyf))
+    contenders = {"gateway": (gw, tls_port), "nginx": (ng, ng_port)}
+    rows = {n: {"h1": [], "h2": [], "handshakes": []} for n in contenders}
+    auth = ["-H", f"Authorization: Bearer {key}"]
+    for rnd in range(ROUNDS):
+        for name in (contenders if rnd % 2 == 0 else reversed(list(contenders))):
+            _, port = contenders[name]
+            url = f"https://127.0.0.1:{port}/v1/pets"
+            h1 = wrk(url, key)
+            h2 = h2load(url, "-c", str(CONN), "-m", "10", "-D", str(DUR), "-t", "1", *auth)
+            hs = h2load(url, "--h1", "-c", "1000", "-n", "1000", "-t", "1", *auth)
+            rows[name]["h1"].append(h1["rps"])
+            rows[name]["h2"].append(h2["rps"])
+            rows[name]["handshakes"].append(hs["ok"] / hs["secs"])
+            log(f"  round {rnd + 1} {name}: HTTPS/1.1 {h1['rps']:.0f} req/s, HTTP/2 {h2['rps']:.0f} req/s, "
+                f"{hs['ok'] / hs['secs']:.0f} handshakes/s ({hs['ok']} of 1000 ok)")
+    results["tls"] = rows
+    stop(gw)
+    stop(ng)
+
+
+def part_redis_exactness(upstream, results):
+    log("== redis: two gateways on one Redis, admitted requests against the limit")
+    redis_proc, url = redis_server()
+    a, pa = gateway(upstream.port, WORK / "ex-a", ["--redis-url", url])
+    b, pb = gateway(upstream.port, WORK / "ex-b", ["--redis-url", url], cpu=1)
+    rows = []
+    for rnd in range(ROUNDS):
+        limit = 5000
+        key = make_key(WORK / "ex-cli", "--plan", "enterprise", "--per-minute", str(limit), "--per-day", "1000000",
+                       "--redis-url", url)
+        time.sleep(1)
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            futs = [pool.submit(wrk, f"http://127.0.0.1:{p}/v1/pets", key, CONN // 2, 5) for p in (pa, pb)]
+            rs = [f.result() for f in futs]
+        sent = sum(r["requests"] for r in rs)
+        admitted = sum(r["requests"] - r["non2xx"] for r in rs)
+        rows.append((limit, sent, admitted))
+        log(f"  round {rnd + 1}: {sent} requests sent across both gateways in 5 s, {admitted} admitted, limit {limit}")
+    results["exactness"] = rows
+    for p in (a, b, redis_proc):
+        stop(p)
+
+
+# ---------------------------------------------------------------- report
+
+def version(cmd):
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        return (out.stdout + out.stderr).strip().splitlines()[0]
+    except (OSError, IndexError):
+        return "not installed"
+
+
+def report(results):
+    def fmt(values, digits=0):
+        m, lo, hi = median_spread(values)
+        return f"{m:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    lines = ["# Benchmark results", "",
+             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `bash bench/run.sh` "
+             f"(DUR={DUR} s per run, ROUNDS={ROUNDS}, CONN={CONN}, IDLE={IDLE}).", "",
+             f"Machine: {os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Linux {os.uname().release}.",
+             f"Versions: {version(['rustc', '--version'])}; {version(['nginx', '-v'])}; "
+             f"{version(['haproxy', '-v'])}; {version(['redis-server', '--version'])}; {version(['wrk', '-v'])}; "
+             f"{version(['oha', '--version'])}; {version(['h2load', '--version'])}.", "",
+             "Method: the proxy under test pinned to CPU 0 (one worker: nginx `worker_processes 1`, "
+             "HAProxy `nbthread 1`, pingora with one thread, which is the gateway's default when it may use "
+             "one CPU); the load generator, the upstream (nginx returning a one-pet JSON array, keep-alive) "
+             "and Redis on CPU 1. Access logs off. Every round runs every contender after a 1 s warm-up, in "
+             "alternating order; values are medians with the rounds' range in brackets. Reproduce with "
+             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS).", ""]
+    if "get" in results:
+        rows = results["get"]
+        med = {n: statistics.median(r["rps"] for r in v) for n, v in rows.items()}
+        lines += ["## Closed loop: GET /v1/pets with a valid key (wrk -t1 -c%d)" % CONN, "",
+                  "| path | req/s | p99 ms | proxy CPU µs/request | vs nginx | vs pass-through |",
+                  "|---|---|---|---|---|---|"]
+        for n, v in rows.items():
+            cpu_us = [r["cpu_us"] for r in v if r.get("cpu_us")]
+            lines.append(f"| {n} | {fmt([r['rps'] for r in v])} | {fmt([r['p99'] for r in v], 2)} | "
+                         f"{fmt(cpu_us, 1) if cpu_us else '-'} | {med[n] / med['nginx']:.2f} | "
+                         f"{med[n] / med['pingora pass-through']:.2f} |")
+        lines += ["", f"Redis store / embedded store throughput: **{med['gateway (redis)'] / med['gateway (embedded)']:.2f}x**; "
+                  f"two gateways on one Redis (both on CPU 0, wrk -c{CONN // 2} each): "
+                  f"{med['2 gateways (redis)']:,.0f} req/s together.", ""]
+    if "open" in results:
+        o = results["open"]
+        lines += ["## Open loop: latency at fixed offered rates (oha --latency-correction, -c%d)" % CONN, "",
+                  "![p99 latency against offered load](latency.svg)", "",
+                  "| path | " + " | ".join(f"{r}/s p50 / p99 ms" for r in o["rates"]) + " |",
+                  "|---|" + "---|" * len(o["rates"])]
+        for n, series in o["rows"].items():
+            lines.append(f"| {n} | " + " | ".join(f"{s['p50']:.2f} / {s['p99']:.2f}" for s in series) + " |")
+        lines.append("")
+    if "idle" in results:
+        lines += [f"## Memory: {IDLE:,} idle keep-alive connections, each after one GET", "",
+                  "| path | RSS before MiB | RSS with the connections MiB | bytes per connection |", "|---|---|---|---|"]
+        for n, (before, after) in results["idle"].items():
+            lines.append(f"| {n} | {before / 1024:.1f} | {after / 1024:.1f} | {(after - before) * 1024 / IDLE:,.0f} |")
+        lines.append("")
+    if "creates" in results:
+        c = results["creates"]
+        g, none = (statistics.median(r["rps"] for r in c[m]) for m in ("group", "none"))
+        lines += ["## Durable creates: POST /v1/pets straight to the backend (backend on CPU 0)", "",
+                  "| backend.commit | creates/s | p99 ms |", "|---|---|---|"]
+        for m, v in c.items():
+            lines.append(f"| {m}{' (not durable)' if m == 'none' else ''} | {fmt([r['rps'] for r in v])} | {fmt([r['p99'] for r in v], 2)} |")
+        lines += ["", f"Group commit reaches **{g / none:.2f}x** the creates per second of `commit = \"none\"`.", ""]
+    if "tls" in results:
+        t = results["tls"]
+        lines += ["## HTTPS: the gateway against nginx, same certificate (ECDSA P-256)", "",
+                  "| path | HTTPS/1.1 req/s (wrk) | HTTP/2 req/s (h2load -c%d -m10) | full handshakes/s (h2load --h1, 1,000 connections) |" % CONN,
+                  "|---|---|---|---|"]
+        for n, v in t.items():
+            lines.append(f"| {n} | {fmt(v['h1'])} | {fmt(v['h2'])} | {fmt(v['handshakes'])} |")
+        gw, ng = t["gateway"], t["nginx"]
+        ratio = lambda k: statistics.median(gw[k]) / statistics.median(ng[k])
+        lines += ["", f"Gateway / nginx: HTTPS/1.1 {ratio('h1'):.2f}x, HTTP/2 {ratio('h2'):.2f}x, handshakes {ratio('handshakes'):.2f}x.", ""]
+    if "exactness" in results:
+        lines += ["## Two gateways on one Redis: admitted against the limit under load", "",
+                  "A fresh key with a limit of 5,000 a minute, hammered for 5 s through both gateways at once "
+                  f"(wrk -c{CONN // 2} on each; gateway A on CPU 0, gateway B on CPU 1).", "",
+                  "| round | requests sent | admitted | limit |", "|---|---|---|---|"]
+        for i, (limit, sent, admitted) in enumerate(results["exactness"], 1):
+            lines.append(f"| {i} | {sent:,} | {admitted:,} | {limit:,} |")
+        lines.append("")
+    (BENCH / "results.md").write_text("\n".join(lines))
+    log("\n".join(lines))
+
+
+def main():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (65536, 65536))
+    for tool in ("wrk", "nginx", "haproxy", "oha", "h2load", "redis-server", "taskset", "openssl"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is needed: see bench/README.md for how to install the benchmark's tools")
+    results = {}
+    try:
+        upstream = Upstream()
+        if any(p in PARTS for p in ("get", "open", "idle")):
+            part_get(upstream, results)
+        if "open" in PARTS:
+            part_open(upstream, results)
+        if "idle" in PARTS:
+            part_idle(upstream, results)
+        if "creates" in PARTS:
+            part_creates(results)
+        if "tls" in PARTS:
+            part_tls(upstream, results)
+        if "redis" in PARTS:
+            part_redis_exactness(upstream, results)
+        report(results)
+    finally:
+        cleanup()
+
+
+if __name__ == "__main__":
+    main()
