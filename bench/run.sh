@@ -8,5 +8,5 @@
 # PARTS (get,open,idle,creates,tls,redis). Tools: see bench/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked --bin animal-store --bin passthrough
+cargo build --release --locked -p animal-store -p animal-store-passthrough
 exec python3 bench/run.py

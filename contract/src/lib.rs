@@ -162,6 +162,21 @@ pub const OPENAPI_YAML: &str = include_str!("../openapi.yaml");
 /// Where the gateway serves [`OPENAPI_YAML`], without a key.
 pub const OPENAPI_PATH: &str = "/v1/openapi.yaml";
 
+/// Where the gateway serves the HTML reference of the API, without a key.
+pub const DOCS_PATH: &str = "/v1/docs";
+
+/// The reference page: Redoc rendering [`OPENAPI_YAML`] in the browser.
+pub const DOCS_HTML: &str = include_str!("../docs/index.html");
+
+/// Where the page's one script is served from (by the gateway: no network needed).
+pub const REDOC_PATH: &str = "/v1/docs/redoc.standalone.js";
+
+/// Redoc's standalone bundle, vendored at a pinned version by `contract/docs/refresh.sh`.
+pub const REDOC_JS: &[u8] = include_bytes!("../docs/redoc.standalone.js");
+
+/// Where a client reads its key's standing without spending a request (`GET`).
+pub const RATE_LIMIT_PATH: &str = "/v1/rate_limit";
+
 #[cfg(test)]
 mod tests {
     use super::*;

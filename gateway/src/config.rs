@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::bans::BanPolicy;
+use crate::cors::CorsPolicy;
 use crate::deprecation::{AfterSunset, Deprecation};
 use crate::plans::{MAX_LIMIT, Plans};
 use crate::routes::{Route, Routes, UpstreamTls, normalize_path};
@@ -81,6 +82,31 @@ pub struct GatewayConfig {
     pub redis: RedisConfig,
     /// `[gateway.tls]`: an HTTPS listener beside the plain one.
     pub tls: TlsConfig,
+    /// `[gateway.cors]`: origins whose web pages may call the API.
+    pub cors: CorsConfig,
+    /// The address clients use for this API, e.g. `https://api.example.com`; links the gateway
+    /// writes (a deprecation's documentation, the docs page) are built from it, so they are
+    /// right behind a load balancer or a TLS terminator. Unset: `http://<listen>`.
+    pub public_url: Option<String>,
+}
+
+/// `[gateway.cors]`, or a route's `cors` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CorsConfig {
+    /// Origins (`https://app.example`) allowed to call the API from a browser; empty: CORS off.
+    pub allowed_origins: Vec<String>,
+    /// How long a browser may reuse a preflight's answer (`Access-Control-Max-Age`).
+    pub max_age_seconds: u64,
+}
+
+impl Default for CorsConfig {
+    fn default() -> Self {
+        CorsConfig {
+            allowed_origins: Vec::new(),
+            max_age_seconds: crate::cors::DEFAULT_MAX_AGE_SECONDS,
+        }
+    }
 }
 
 /// `[gateway.tls]`: all three keys, or none.
@@ -145,9 +171,12 @@ impl Default for GatewayConfig {
                 tls: false,
                 sni: None,
                 ca: None,
+                cors: None,
             }],
             redis: RedisConfig::default(),
             tls: TlsConfig::default(),
+            cors: CorsConfig::default(),
+            public_url: None,
         }
     }
 }
@@ -199,6 +228,8 @@ pub struct RouteConfig {
     /// With `tls`: a PEM file of CA certificates to verify the upstream with, instead of the
     /// system's roots.
     pub ca: Option<std::path::PathBuf>,
+    /// CORS for this route instead of `[gateway.cors]` (an empty list turns it off here).
+    pub cors: Option<CorsConfig>,
 }
 
 /// `[[gateway.routes.deprecations]]`.
@@ -215,7 +246,8 @@ pub struct DeprecationConfig {
     pub sunset: String,
     /// The operation that replaces it, for `Link: rel="successor-version"`.
     pub successor: Option<String>,
-    /// Documentation of the deprecation, for `Link: rel="deprecation"`.
+    /// Documentation of the deprecation, for `Link: rel="deprecation"`; a path such as
+    /// `/v1/docs#operation/getPet` is made absolute with `gateway.public_url`.
     pub documentation: Option<String>,
     /// `gone` (answer 410 after the sunset, the default) or `forward`.
     #[serde(default = "default_after_sunset")]
@@ -259,6 +291,10 @@ pub struct Settings {
     pub redis: Option<RedisSettings>,
     /// The HTTPS listener and its files, if any.
     pub tls: Option<(SocketAddr, TlsFiles)>,
+    /// CORS outside any route's own (`/v1/rate_limit`, the pages, unrouted paths).
+    pub cors: Option<Arc<CorsPolicy>>,
+    /// The API's public address, without a trailing slash.
+    pub public_url: String,
 }
 
 /// Validated `[gateway.redis]`.
@@ -323,10 +359,22 @@ impl Settings {
         if config.bans.max_seconds < config.bans.base_seconds {
             return Err("gateway.bans.max_seconds must be at least base_seconds".to_owned());
         }
+        let cors = cors_policy(&config.cors).map_err(|e| format!("gateway.cors{e}"))?;
+        let public_url = match &config.public_url {
+            None => format!("http://{}", config.listen),
+            Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
+                url.trim_end_matches('/').to_owned()
+            }
+            Some(url) => {
+                return Err(format!(
+                    "gateway.public_url: `{url}` must start with http:// or https://"
+                ));
+            }
+        };
         let mut routes = Vec::with_capacity(config.routes.len());
         for (i, route) in config.routes.iter().enumerate() {
             routes.push(
-                route_settings(config, route, backend)
+                route_settings(config, route, backend, &public_url, cors.as_ref())
                     .map_err(|e| format!("gateway.routes[{i}]{e}"))?,
             );
         }
@@ -359,14 +407,24 @@ impl Settings {
             routes: Routes::new(routes),
             redis,
             tls,
+            cors,
+            public_url,
         })
     }
+}
+
+fn cors_policy(config: &CorsConfig) -> Result<Option<Arc<CorsPolicy>>, String> {
+    CorsPolicy::new(&config.allowed_origins, config.max_age_seconds)
+        .map(|p| p.map(Arc::new))
+        .map_err(|e| format!(".allowed_origins: {e}"))
 }
 
 fn route_settings(
     config: &GatewayConfig,
     route: &RouteConfig,
     backend: SocketAddr,
+    public_url: &str,
+    cors: Option<&Arc<CorsPolicy>>,
 ) -> Result<Route, String> {
     let prefix = &route.prefix;
     let normal = normalize_path(prefix).map_err(|e| format!(".prefix: {}", e.message()))?;
@@ -413,7 +471,16 @@ fn route_settings(
             at("deprecated_at", &d.deprecated_at)?,
             at("sunset", &d.sunset)?,
             d.successor.as_deref(),
-            d.documentation.as_deref(),
+            d.documentation
+                .as_deref()
+                .map(|doc| {
+                    if doc.starts_with('/') {
+                        format!("{public_url}{doc}")
+                    } else {
+                        doc.to_owned()
+                    }
+                })
+                .as_deref(),
             d.after_sunset,
         )
         .map_err(|e| format!(".deprecations[{j}]: {e}"))?;
@@ -425,6 +492,10 @@ fn route_settings(
         timeout: Duration::from_millis(timeout.get()),
         deprecations,
         tls: upstream_tls(route)?,
+        cors: match &route.cors {
+            Some(own) => cors_policy(own).map_err(|e| format!(".cors{e}"))?,
+            None => cors.cloned(),
+        },
     })
 }
 

@@ -19,6 +19,8 @@ pub struct GatewayError {
     pub message: String,
     /// `Retry-After`, in whole seconds, for 429.
     pub retry_after: Option<u64>,
+    /// `Allow`, for 405.
+    pub allow: Option<&'static str>,
 }
 
 impl GatewayError {
@@ -28,6 +30,7 @@ impl GatewayError {
             code,
             message: message.into(),
             retry_after: None,
+            allow: None,
         }
     }
 
@@ -58,6 +61,12 @@ impl GatewayError {
         Some(error)
     }
 
+    /// The same error with an `Allow` header (for 405).
+    pub fn allow(mut self, methods: &'static str) -> GatewayError {
+        self.allow = Some(methods);
+        self
+    }
+
     /// The same error with a `Retry-After`.
     pub fn retry_after(mut self, seconds: Option<u64>) -> GatewayError {
         self.retry_after = seconds;
@@ -80,6 +89,9 @@ pub async fn respond(
     if let Some(seconds) = error.retry_after {
         response.insert_header("Retry-After", seconds)?;
     }
+    if let Some(methods) = error.allow {
+        response.insert_header("Allow", methods)?;
+    }
     ctx.error_code = Some(error.code);
     send(session, ctx, response, JSON_CONTENT_TYPE, body).await
 }
@@ -93,15 +105,11 @@ pub async fn send(
     content_type: &str,
     body: Bytes,
 ) -> pingora::Result<()> {
-    response.insert_header("Content-Type", content_type)?;
-    response.insert_header("Content-Length", body.len())?;
-    headers::decorate(
-        &mut response,
-        ctx.rate.as_ref(),
-        &ctx.request_id,
-        ctx.deprecation.as_deref(),
-        ctx.now_ms,
-    )?;
+    if response.status != http::StatusCode::NO_CONTENT {
+        response.insert_header("Content-Type", content_type)?;
+        response.insert_header("Content-Length", body.len())?;
+    }
+    headers::decorate(&mut response, ctx)?;
     ctx.status = response.status.as_u16();
     session
         .write_response_header(Box::new(response), false)

@@ -7,9 +7,9 @@ use http::HeaderValue;
 use pingora::http::ResponseHeader;
 
 use crate::auth::Budget;
-use crate::deprecation::Deprecation;
-use crate::limits::{Decision, ceil_secs};
+use crate::limits::{Decision, Quota, ceil_secs};
 use crate::plans::Limits;
+use crate::proxy::Ctx;
 
 /// What a response says about the caller's limits.
 #[derive(Debug, Clone)]
@@ -29,11 +29,16 @@ pub struct RateHeaders {
 impl RateHeaders {
     /// For a key's request, from the limiter's decision.
     pub fn for_key(decision: &Decision, policy: &HeaderValue) -> RateHeaders {
+        Self::for_quota(&decision.quota, policy)
+    }
+
+    /// For a key, describing `quota`.
+    pub fn for_quota(quota: &Quota, policy: &HeaderValue) -> RateHeaders {
         RateHeaders {
-            name: decision.quota.name,
-            limit: decision.quota.limit,
-            remaining: decision.quota.remaining,
-            reset_ms: decision.quota.reset_ms,
+            name: quota.name,
+            limit: quota.limit,
+            remaining: quota.remaining,
+            reset_ms: quota.reset_ms,
             policy: policy.clone(),
         }
     }
@@ -68,15 +73,10 @@ pub fn address_policy(per_minute: u32) -> HeaderValue {
         .expect("valid header text")
 }
 
-/// Adds the limit, identity and deprecation headers to `response`.
-pub fn decorate(
-    response: &mut ResponseHeader,
-    rate: Option<&RateHeaders>,
-    request_id: &str,
-    deprecation: Option<&Deprecation>,
-    now_ms: u64,
-) -> pingora::Result<()> {
-    if let Some(rate) = rate {
+/// Adds the limit, identity, deprecation and CORS headers of the request in `ctx`.
+pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx) -> pingora::Result<()> {
+    let now_ms = ctx.now_ms;
+    if let Some(rate) = &ctx.rate {
         response.insert_header("X-RateLimit-Limit", rate.limit)?;
         response.insert_header("X-RateLimit-Remaining", rate.remaining)?;
         response.insert_header("X-RateLimit-Reset", ceil_secs(rate.reset_ms))?;
@@ -87,8 +87,11 @@ pub fn decorate(
             format!("\"{}\";r={};t={seconds_left}", rate.name, rate.remaining),
         )?;
     }
-    response.insert_header("X-Request-Id", request_id)?;
-    if let Some(d) = deprecation {
+    response.insert_header("X-Request-Id", &ctx.request_id)?;
+    if let Some(origin) = &ctx.cors {
+        crate::cors::decorate(response, origin)?;
+    }
+    if let Some(d) = ctx.deprecation.as_deref() {
         response.insert_header("Deprecation", d.deprecation_header.clone())?;
         response.insert_header("Sunset", d.sunset_header.clone())?;
         for link in &d.links {

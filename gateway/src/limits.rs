@@ -147,6 +147,36 @@ impl KeyState {
         Decision { verdict, quota }
     }
 
+    /// Where the key stands at `now_ms`, counting nothing: what `GET /v1/rate_limit` shows.
+    pub fn peek(&self, limits: Limits, now_ms: u64) -> Standing {
+        let minute_open = self
+            .minute_start_ms
+            .filter(|start| now_ms < start + MINUTE_MS);
+        let today = now_ms / DAY_MS;
+        let minute_used = if minute_open.is_some() {
+            self.minute_count
+        } else {
+            0
+        };
+        let day_used = if self.day == today { self.day_count } else { 0 };
+        Standing {
+            minute: Quota {
+                name: "minute",
+                limit: limits.per_minute,
+                remaining: limits.per_minute.saturating_sub(minute_used),
+                // No window open: the next request opens one that ends a minute later.
+                reset_ms: minute_open.unwrap_or(now_ms) + MINUTE_MS,
+            },
+            day: Quota {
+                name: "day",
+                limit: limits.per_day,
+                remaining: limits.per_day.saturating_sub(day_used),
+                reset_ms: (today + 1) * DAY_MS,
+            },
+            banned_until_ms: self.ban.active_until(now_ms),
+        }
+    }
+
     /// Whether nothing of this state matters any more at `now_ms`: its windows are over and its
     /// ban history can no longer lengthen a ban. Such state is dropped from snapshots.
     pub fn is_idle(&self, bans: &BanPolicy, now_ms: u64) -> bool {
@@ -154,6 +184,29 @@ impl KeyState {
             .minute_start_ms
             .is_none_or(|start| now_ms >= start + MINUTE_MS);
         minute_over && self.day != now_ms / DAY_MS && self.ban.is_forgotten(bans, now_ms)
+    }
+}
+
+/// Where a key stands, without counting a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// The minute window.
+    pub minute: Quota,
+    /// The UTC day.
+    pub day: Quota,
+    /// Unix milliseconds at which the key's ban ends, while it is banned.
+    pub banned_until_ms: Option<u64>,
+}
+
+impl Standing {
+    /// What the rate-limit headers describe: the ban while banned, else the window with the
+    /// fewest requests remaining (the minute window on ties), as for a counted request.
+    pub fn headline(&self, limits: Limits) -> Quota {
+        match self.banned_until_ms {
+            Some(until) => banned(limits, until).quota,
+            None if self.day.remaining < self.minute.remaining => self.day,
+            None => self.minute,
+        }
     }
 }
 
@@ -193,6 +246,14 @@ impl Limiter {
             .entry(key)
             .or_default()
             .check(limits, &self.bans, now_ms)
+    }
+
+    /// Where `key` stands at `now_ms`, counting nothing.
+    pub fn peek(&self, key: KeyId, limits: Limits, now_ms: u64) -> Standing {
+        self.states
+            .get(&key)
+            .map_or_else(KeyState::default, |s| *s)
+            .peek(limits, now_ms)
     }
 
     /// Every key's state that still matters at `now_ms`; idle state is forgotten on the way.
@@ -371,6 +432,37 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).sum()
         });
         assert_eq!(admitted, 60);
+    }
+
+    #[test]
+    fn peeking_counts_nothing_and_reports_both_windows_and_the_ban() {
+        let l = Limiter::default();
+        let limits = Limits {
+            per_minute: 2,
+            per_day: 100,
+        };
+        let fresh = l.peek(K, limits, T0);
+        assert_eq!((fresh.minute.remaining, fresh.day.remaining), (2, 100));
+        assert_eq!(fresh.minute.reset_ms, T0 + MINUTE_MS);
+        l.check(K, limits, T0);
+        for _ in 0..3 {
+            let p = l.peek(K, limits, T0 + 5);
+            assert_eq!(
+                (p.minute.remaining, p.day.remaining),
+                (1, 99),
+                "peeks count nothing"
+            );
+        }
+        l.check(K, limits, T0 + 6);
+        for _ in 0..11 {
+            l.check(K, limits, T0 + 7);
+        }
+        let p = l.peek(K, limits, T0 + 8);
+        assert_eq!(p.banned_until_ms, Some(T0 + 7 + 15 * MINUTE_MS));
+        assert_eq!(p.headline(limits).remaining, 0);
+        let later = l.peek(K, limits, T0 + 7 + 15 * MINUTE_MS);
+        assert_eq!((later.banned_until_ms, later.minute.remaining), (None, 2));
+        assert_eq!(later.day.remaining, 98);
     }
 
     proptest! {

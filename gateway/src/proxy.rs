@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use animal_store_contract::{ErrorCode, OPENAPI_PATH, OPENAPI_YAML};
+use animal_store_contract::{ErrorCode, RATE_LIMIT_PATH};
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::HeaderValue;
@@ -31,13 +31,15 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::auth::{Budget, FailureBudget, authorize};
 use crate::config::{MAX_HEADERS, Settings};
+use crate::cors::{self, CorsPolicy};
 use crate::deprecation::Deprecation;
-use crate::errors::{GatewayError, respond, send};
+use crate::errors::{GatewayError, respond};
 use crate::headers::{self, RateHeaders};
 use crate::keyring::Keyring;
 use crate::keys::ActiveKey;
 use crate::limits::{Verdict, ceil_secs};
 use crate::metrics;
+use crate::pages;
 use crate::routes::{Route, normalize_path};
 use crate::store::LimitStore;
 use crate::unix_ms;
@@ -85,10 +87,22 @@ pub struct Ctx {
     pub status: u16,
     /// Code of the gateway's own error answer, for metrics.
     pub error_code: Option<ErrorCode>,
+    /// The request's `Origin`, when CORS allows it: responses then carry the CORS headers.
+    pub cors: Option<HeaderValue>,
     key: Option<Arc<ActiveKey>>,
     route: Option<Arc<Route>>,
     body_bytes: u64,
     started: Instant,
+}
+
+/// What `admit` decided for a request that is not refused.
+enum Admission {
+    /// Forward it upstream.
+    Forward,
+    /// A CORS preflight: the gateway answers it.
+    Preflight(Arc<CorsPolicy>),
+    /// `GET /v1/rate_limit`: the gateway answers where this key stands.
+    RateLimit(Arc<ActiveKey>),
 }
 
 /// The gateway's state shared by all requests.
@@ -118,7 +132,7 @@ impl Gateway {
         &self,
         session: &mut Session,
         ctx: &mut Ctx,
-    ) -> std::result::Result<(), GatewayError> {
+    ) -> std::result::Result<Admission, GatewayError> {
         ctx.now_ms = unix_ms();
         let ip = client_ip(session);
         let unroutable = self.normalize(session).map_err(str::to_owned);
@@ -133,8 +147,28 @@ impl Gateway {
             .as_ref()
             .and_then(|r| r.deprecation(request.method.as_str(), path))
             .cloned();
+        let policy = route
+            .as_ref()
+            .map_or(self.settings.cors.as_ref(), |r| r.cors.as_ref());
+        ctx.cors = policy.and_then(|p| p.allowed_origin(request));
+        if let Some(policy) = policy.filter(|_| cors::is_preflight(request)) {
+            // A preflight never carries a key: answered without one, and counted nowhere.
+            ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));
+            return Ok(Admission::Preflight(policy.clone()));
+        }
 
         let key = self.authenticate(request, ip, ctx)?;
+        if path == RATE_LIMIT_PATH {
+            ctx.key = Some(key.clone());
+            if request.method != http::Method::GET {
+                return Err(GatewayError::new(
+                    ErrorCode::MethodNotAllowed,
+                    "the rate_limit resource is read with GET",
+                )
+                .allow("GET"));
+            }
+            return Ok(Admission::RateLimit(key));
+        }
         let limited = self.apply_limits(&key, ctx).await;
         ctx.key = Some(key); // also for refusals: the access log names the key
         limited?;
@@ -165,7 +199,30 @@ impl Gateway {
         if declared.is_some_and(|len| len > self.settings.max_body_bytes) {
             return Err(self.too_large());
         }
-        Ok(())
+        Ok(Admission::Forward)
+    }
+
+    /// Answers `GET /v1/rate_limit` for `key`, counting nothing.
+    async fn rate_limit(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        key: &Arc<ActiveKey>,
+    ) -> Result<()> {
+        let Ok(standing) = self.limits.peek(key.id, key.limits, ctx.now_ms).await else {
+            let unavailable = GatewayError::new(
+                ErrorCode::Unavailable,
+                "the shared limit store cannot be reached; retry shortly",
+            )
+            .retry_after(Some(1));
+            return respond(session, ctx, unavailable).await;
+        };
+        ctx.rate = Some(RateHeaders::for_quota(
+            &standing.headline(key.limits),
+            &key.policy,
+        ));
+        let (minute, day) = (standing.minute, standing.day);
+        pages::rate_limit(session, ctx, key, minute, day, standing.banned_until_ms).await
     }
 
     /// The key the request carries; a failure spends the client address's budget.
@@ -325,6 +382,7 @@ impl ProxyHttp for Gateway {
             deprecation: None,
             status: 0,
             error_code: None,
+            cors: None,
             key: None,
             route: None,
             body_bytes: 0,
@@ -342,24 +400,25 @@ impl ProxyHttp for Gateway {
         if session.get_keepalive().is_some() {
             session.set_keepalive(Some(self.settings.keepalive_timeout.as_secs()));
         }
-        let request = session.req_header();
-        if request.uri.path() == OPENAPI_PATH && request.method == http::Method::GET {
-            // The API description is public: no key, nothing counted against one.
+        if let Some(page) = pages::public_page(session.req_header()) {
+            // The API's pages are public: no key, nothing counted against one.
             ctx.now_ms = unix_ms();
             ctx.rate = Some(self.address_rate(self.failures.peek(client_ip(session), ctx.now_ms)));
-            let response = ResponseHeader::build(200, Some(8))?;
-            send(
-                session,
-                ctx,
-                response,
-                "application/yaml",
-                Bytes::from_static(OPENAPI_YAML.as_bytes()),
-            )
-            .await?;
+            ctx.cors =
+                (self.settings.cors.as_ref()).and_then(|p| p.allowed_origin(session.req_header()));
+            pages::serve(session, ctx, page).await?;
             return Ok(true);
         }
         match self.admit(session, ctx).await {
-            Ok(()) => Ok(false),
+            Ok(Admission::Forward) => Ok(false),
+            Ok(Admission::Preflight(policy)) => {
+                pages::preflight(session, ctx, &policy).await?;
+                Ok(true)
+            }
+            Ok(Admission::RateLimit(key)) => {
+                self.rate_limit(session, ctx, &key).await?;
+                Ok(true)
+            }
             Err(error) => {
                 respond(session, ctx, error).await?;
                 linger(session).await;
@@ -432,13 +491,7 @@ impl ProxyHttp for Gateway {
         response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        headers::decorate(
-            response,
-            ctx.rate.as_ref(),
-            &ctx.request_id,
-            ctx.deprecation.as_deref(),
-            ctx.now_ms,
-        )
+        headers::decorate(response, ctx)
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {

@@ -125,6 +125,8 @@ pub struct Route {
     pub deprecations: Vec<Arc<Deprecation>>,
     /// TLS to the upstream, if the route asks for it.
     pub tls: Option<UpstreamTls>,
+    /// Which browser origins may call this route (its own, or `[gateway.cors]`).
+    pub cors: Option<Arc<crate::cors::CorsPolicy>>,
 }
 
 /// How the gateway speaks TLS to a route's upstream.
@@ -245,6 +247,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             deprecations: Vec::new(),
             tls: None,
+            cors: None,
         };
         let routes = Routes::new(vec![
             route("/v1/store", 1),

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::bans::{BanPolicy, BanState};
 use crate::keys::KeyId;
-use crate::limits::{Decision, KeyState, Limiter};
+use crate::limits::{Decision, KeyState, Limiter, Standing};
 use crate::plans::Limits;
 
 /// File name of the snapshot inside the data directory.
@@ -89,6 +89,11 @@ impl EmbeddedStore {
             self.dirty.store(true, Ordering::Relaxed);
         }
         decision
+    }
+
+    /// Where `key` stands, counting nothing.
+    pub fn peek(&self, key: KeyId, limits: Limits, now_ms: u64) -> Standing {
+        self.limiter.peek(key, limits, now_ms)
     }
 
     /// Writes a snapshot if anything changed since the last one.

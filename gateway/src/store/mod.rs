@@ -17,7 +17,7 @@ pub use embedded::EmbeddedStore;
 pub use redis::{Fallback, RedisStore};
 
 use crate::keys::KeyId;
-use crate::limits::Decision;
+use crate::limits::{Decision, Standing};
 use crate::plans::Limits;
 
 /// The store cannot decide and is configured to refuse (`gateway.redis.fallback = "deny"`).
@@ -43,6 +43,19 @@ impl LimitStore {
         match self {
             LimitStore::Embedded(store) => Ok(store.check(key, limits, now_ms)),
             LimitStore::Redis(store) => store.check(key, limits, now_ms).await,
+        }
+    }
+
+    /// Where `key` stands at `now_ms`, counting nothing (`GET /v1/rate_limit`).
+    pub async fn peek(
+        &self,
+        key: KeyId,
+        limits: Limits,
+        now_ms: u64,
+    ) -> Result<Standing, Unavailable> {
+        match self {
+            LimitStore::Embedded(store) => Ok(store.peek(key, limits, now_ms)),
+            LimitStore::Redis(store) => store.peek(key, limits, now_ms).await,
         }
     }
 

@@ -21,9 +21,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::Unavailable;
-use crate::bans::BanPolicy;
+use crate::bans::{BanPolicy, BanState};
 use crate::keys::KeyId;
-use crate::limits::{DAY_MS, Decision, Limiter, MINUTE_MS, Quota, Verdict};
+use crate::limits::{DAY_MS, Decision, KeyState, Limiter, MINUTE_MS, Quota, Standing, Verdict};
 use crate::metrics;
 use crate::plans::Limits;
 use crate::redis_conn::{CONNECT_TIMEOUT, RedisConn, RedisError, RedisHub, within};
@@ -134,6 +134,52 @@ impl RedisStore {
         match self.fallback {
             Fallback::Local => Ok(self.local.check(key, self.share(limits), now_ms)),
             Fallback::Allow => Ok(unlimited(limits, now_ms)),
+            Fallback::Deny => Err(Unavailable),
+        }
+    }
+
+    /// Where `key` stands, counting nothing: the script's hash read back and judged by the same
+    /// Rust code that judges the embedded store's state.
+    pub async fn peek(
+        &self,
+        key: KeyId,
+        limits: Limits,
+        now_ms: u64,
+    ) -> Result<Standing, Unavailable> {
+        if self.up.load(Ordering::Relaxed)
+            && let Some(mut conn) = self.hub.conn()
+        {
+            let read = within(self.timeout, async {
+                let fields: Vec<Option<u64>> = redis::cmd("HMGET")
+                    .arg(state_key(key))
+                    .arg(&["ms", "mc", "rf", "d", "dc", "bu", "bl", "lv"])
+                    .query_async(&mut conn)
+                    .await?;
+                Ok(fields)
+            })
+            .await;
+            match read {
+                Ok(f) => {
+                    let state = KeyState {
+                        minute_start_ms: f[0],
+                        minute_count: f[1].unwrap_or(0),
+                        refused_in_window: f[2].unwrap_or(0),
+                        day: f[3].unwrap_or(0),
+                        day_count: f[4].unwrap_or(0),
+                        ban: BanState {
+                            until_ms: f[5].unwrap_or(0),
+                            last_start_ms: f[6],
+                            level: f[7].unwrap_or(0) as u32,
+                        },
+                    };
+                    return Ok(state.peek(limits, now_ms));
+                }
+                Err(e) => self.went_down(&e),
+            }
+        }
+        match self.fallback {
+            Fallback::Local => Ok(self.local.peek(key, self.share(limits), now_ms)),
+            Fallback::Allow => Ok(KeyState::default().peek(limits, now_ms)),
             Fallback::Deny => Err(Unavailable),
         }
     }

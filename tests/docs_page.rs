@@ -1,0 +1,200 @@
+//! The API's pages in a real browser: `animal-store serve` on loopback, headless Chromium
+//! (Debian's `chromium`) rendering `/v1/docs` with no network but the gateway, and a page of
+//! another origin calling the API with `fetch` under CORS. Checks the rendered DOM, not the
+//! HTML source, and leaves a screenshot of the docs page in `target/docs-page.png`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{PETS_ROUTE, Stack, client, shipped_config};
+
+const INSTALL: &str = "Chromium is needed for this test: apt-get install -y chromium";
+
+/// Headless Chromium with the flags this sandbox needs, its profile in `profile`.
+fn chromium(profile: &Path, args: &[&str], url: &str) -> String {
+    let out = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--virtual-time-budget=20000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run chromium: {e}. {INSTALL}"));
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn dom(dir: &Path, url: &str) -> String {
+    let profile = tempfile::tempdir_in(dir).unwrap();
+    chromium(profile.path(), &["--dump-dom"], url)
+}
+
+#[test]
+fn the_docs_page_renders_every_operation_offline_and_marks_get_pet_deprecated() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let docs = stack.url("/v1/docs");
+    // Each operation's own view on the page, as its summary reads in the OpenAPI description.
+    for (anchor, summary) in [
+        ("#/pets/listpets", "List animals"),
+        ("#/pets/createpet", "Add an animal"),
+        ("#/pets/getpet", "Get an animal (deprecated)"),
+        ("#/limits/getratelimit", "Read your key&#39;s limits"),
+    ] {
+        let rendered = dom(dir.path(), &format!("{docs}{anchor}"));
+        let shown = rendered.contains(summary) || rendered.contains(&summary.replace("&#39;", "'"));
+        assert!(shown, "{summary} is not on the rendered page at {anchor}");
+        if anchor == "#/pets/getpet" {
+            assert!(
+                rendered.contains("Deprecated"),
+                "getPet shows as deprecated"
+            );
+            for header in ["Deprecation", "Sunset", "X-RateLimit-Remaining"] {
+                assert!(
+                    rendered.contains(header),
+                    "{header} is documented on getPet"
+                );
+            }
+        }
+    }
+    let shot: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../docs-page.png");
+    let profile = tempfile::tempdir_in(dir.path()).unwrap();
+    chromium(
+        profile.path(),
+        &[
+            "--window-size=1280,1400",
+            &format!("--screenshot={}", shot.display()),
+        ],
+        &docs,
+    );
+    assert!(
+        std::fs::metadata(&shot).unwrap().len() > 10_000,
+        "a screenshot in {}",
+        shot.display()
+    );
+}
+
+#[tokio::test]
+async fn the_deprecation_link_points_at_get_pet_on_the_docs_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start_with(dir.path(), &shipped_config());
+    let key = stack.key(&["--plan", "pro"]);
+    let r = stack.get(&client(), "/v1/pets/1", &key).await;
+    let links: Vec<&str> = r
+        .headers()
+        .get_all("link")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    let want = format!(
+        "<http://{}/v1/docs#/pets/getpet>; rel=\"deprecation\"",
+        stack.listen
+    );
+    assert!(links.contains(&want.as_str()), "{links:?}");
+}
+
+/// A page on its own loopback port (another origin) that calls the gateway with `fetch` and
+/// writes what it could read of the answer into the DOM.
+async fn page_server(gateway: std::net::SocketAddr, key: String) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let html = format!(
+        r#"<!doctype html><html><body><p id="result">pending</p><script>
+fetch("http://{gateway}/v1/pets", {{headers: {{"Authorization": "Bearer {key}"}}}})
+  .then(r => {{ document.getElementById("result").textContent = "remaining=" + r.headers.get("X-RateLimit-Remaining"); }})
+  .catch(e => {{ document.getElementById("result").textContent = "refused:" + e.name; }});
+</script></body></html>"#
+    );
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let html = html.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{html}",
+                    html.len()
+                );
+                let _ = s.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_page_of_an_allowed_origin_reads_its_limits_and_another_origin_cannot() {
+    let dir = tempfile::tempdir().unwrap();
+    // The allowed page's address must be known before the gateway starts: bind it first.
+    let placeholder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let allowed_port = placeholder.local_addr().unwrap().port();
+    drop(placeholder);
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!(
+            "[gateway.cors]\nallowed_origins = [\"http://127.0.0.1:{allowed_port}\"]\n{PETS_ROUTE}"
+        ),
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let allowed = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", allowed_port))
+            .await
+            .unwrap();
+        let html = {
+            let gateway = stack.listen;
+            format!(
+                r#"<!doctype html><html><body><p id="result">pending</p><script>
+fetch("http://{gateway}/v1/pets", {{headers: {{"Authorization": "Bearer {key}"}}}})
+  .then(r => {{ document.getElementById("result").textContent = "remaining=" + r.headers.get("X-RateLimit-Remaining"); }})
+  .catch(e => {{ document.getElementById("result").textContent = "refused:" + e.name; }});
+</script></body></html>"#
+            )
+        };
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let html = html.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = s.read(&mut buf).await;
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{html}",
+                        html.len()
+                    );
+                    let _ = s.write_all(response.as_bytes()).await;
+                });
+            }
+        });
+        format!("http://127.0.0.1:{allowed_port}/")
+    };
+    let other = format!("http://{}/", page_server(stack.listen, key.clone()).await);
+    let dir_path = dir.path().to_owned();
+    let (allowed_dom, other_dom) =
+        tokio::task::spawn_blocking(move || (dom(&dir_path, &allowed), dom(&dir_path, &other)))
+            .await
+            .unwrap();
+    assert!(
+        allowed_dom.contains("<p id=\"result\">remaining=299</p>"),
+        "the allowed origin's page read X-RateLimit-Remaining: {allowed_dom}"
+    );
+    assert!(
+        other_dom.contains("<p id=\"result\">refused:TypeError</p>"),
+        "the other origin's page was refused: {other_dom}"
+    );
+}
