@@ -67,7 +67,7 @@ pub enum KeysCommand {
 }
 
 /// Flags accepted by every command where they apply; each overrides the configuration file.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct Overrides {
     /// The configuration file.
     #[arg(long, global = true, default_value = "config/animal-store.toml")]

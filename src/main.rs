@@ -21,9 +21,9 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let overrides = &cli.overrides;
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => run::serve(&config::load(overrides)?),
+        Command::Serve => run::serve(&config::load(overrides)?, overrides),
         Command::Backend => run::backend(&config::load(overrides)?),
-        Command::Gateway => run::gateway(&config::load(overrides)?),
+        Command::Gateway => run::gateway(&config::load(overrides)?, overrides),
         Command::Keys(keys) => keys::run(keys, &config::load(overrides)?),
         Command::CheckConfig { file } => {
             let path = file.as_ref().unwrap_or(&overrides.config);

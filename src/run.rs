@@ -3,11 +3,12 @@
 
 use std::thread::JoinHandle;
 
-use animal_store_gateway::Settings;
+use animal_store_gateway::{Reload, Settings};
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 
+use crate::cli::Overrides;
 use crate::config::FileConfig;
 
 /// Resolves on SIGTERM or SIGINT: stop accepting, finish what is in flight, flush, exit 0.
@@ -41,6 +42,19 @@ pub fn reload_signal() -> watch::Receiver<u64> {
     receiver
 }
 
+/// SIGHUPs, and how to read the configuration again: the same file with the same command-line
+/// overrides, validated whole.
+fn reload(overrides: &Overrides) -> Reload {
+    let overrides = overrides.clone();
+    Reload {
+        signal: reload_signal(),
+        reread: Box::new(move || {
+            let config = crate::config::load(&overrides).map_err(|e| e.to_string())?;
+            config.gateway_settings()
+        }),
+    }
+}
+
 /// `animal-store backend`: the pets service alone, until a signal.
 pub fn backend(config: &FileConfig) -> anyhow::Result<()> {
     tokio::runtime::Runtime::new()?.block_on(async {
@@ -52,11 +66,11 @@ pub fn backend(config: &FileConfig) -> anyhow::Result<()> {
 }
 
 /// `animal-store gateway`: the gateway alone, until a signal.
-pub fn gateway(config: &FileConfig) -> anyhow::Result<()> {
+pub fn gateway(config: &FileConfig, overrides: &Overrides) -> anyhow::Result<()> {
     let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
     tokio::runtime::Runtime::new()?.block_on(async {
         let signal = shutdown_signal();
-        let gateway = Gateway::start(settings, config, reload_signal());
+        let gateway = Gateway::start(settings, config, reload(overrides));
         tokio::select! {
             () = signal => {}
             () = gateway.ended() => {} // it failed: stop() returns why
@@ -67,7 +81,7 @@ pub fn gateway(config: &FileConfig) -> anyhow::Result<()> {
 
 /// `animal-store serve`: backend and gateway in one process. On a signal the gateway stops
 /// first (finishing the requests it is proxying), then the backend, which flushes to disk.
-pub fn serve(config: &FileConfig) -> anyhow::Result<()> {
+pub fn serve(config: &FileConfig, overrides: &Overrides) -> anyhow::Result<()> {
     let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
     issue_first_key(config, &settings)?;
     tokio::runtime::Runtime::new()?.block_on(async {
@@ -78,7 +92,7 @@ pub fn serve(config: &FileConfig) -> anyhow::Result<()> {
             let _ = backend_stopped.await;
         });
         tokio::pin!(backend);
-        let gateway = Gateway::start(settings, config, reload_signal());
+        let gateway = Gateway::start(settings, config, reload(overrides));
         let backend_ended = tokio::select! {
             () = signal => None,
             result = &mut backend => Some(result.and_then(|()| anyhow::bail!("the backend stopped"))),
@@ -125,7 +139,7 @@ struct Gateway {
 }
 
 impl Gateway {
-    fn start(settings: Settings, config: &FileConfig, reload: watch::Receiver<u64>) -> Gateway {
+    fn start(settings: Settings, config: &FileConfig, reload: Reload) -> Gateway {
         let (stop, stop_rx) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
         let data_dir = config.data_dir.clone();

@@ -191,17 +191,14 @@ fn base() -> u64 {
 fn the_embedded_store_follows_the_table() {
     let dir = tempfile::tempdir().unwrap();
     let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
-    run_table("embedded", base(), |k, l, t| store.check(k, l, t));
+    run_table("embedded", base(), |k, l, t| {
+        store.check(k, l, &BanPolicy::default(), t)
+    });
 }
 
 fn redis_store(url: &str) -> Arc<RedisStore> {
     let hub = RedisHub::start(vec![url.to_owned()]).unwrap();
-    let store = RedisStore::start(
-        hub,
-        std::time::Duration::from_secs(2),
-        Fallback::Deny,
-        BanPolicy::default(),
-    );
+    let store = RedisStore::start(hub, std::time::Duration::from_secs(2), Fallback::Deny);
     assert!(store.is_up(), "the store reached {url}");
     store
 }
@@ -214,7 +211,7 @@ fn the_redis_store_follows_the_table() {
     // `deny` turns any silent fallback into a failure here.
     run_table("redis", base(), |k, l, t| {
         runtime
-            .block_on(store.check(k, l, t))
+            .block_on(store.check(k, l, &BanPolicy::default(), t))
             .expect("redis decided")
     });
     assert!(store.is_up());
@@ -227,7 +224,7 @@ fn the_redis_store_follows_the_table_on_a_cluster() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     run_table("redis cluster", base(), |k, l, t| {
         runtime
-            .block_on(store.check(k, l, t))
+            .block_on(store.check(k, l, &BanPolicy::default(), t))
             .expect("the cluster decided")
     });
     // The keys of the table landed on more than one master: the slots really are spread.
@@ -257,7 +254,9 @@ fn the_redis_store_admits_exactly_the_limit_under_concurrency() {
         let tasks: Vec<_> = (0..400)
             .map(|_| {
                 let store = store.clone();
-                tokio::spawn(async move { store.check(key, limits, T0).await })
+                tokio::spawn(
+                    async move { store.check(key, limits, &BanPolicy::default(), T0).await },
+                )
             })
             .collect();
         let mut admitted = 0;

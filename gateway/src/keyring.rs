@@ -148,7 +148,7 @@ impl KeySource {
 /// The live key set and what refreshes it.
 pub struct Keyring {
     source: KeySource,
-    plans: Plans,
+    plans: Mutex<Plans>,
     current: ArcSwap<KeySet>,
     stamp: Mutex<Stamp>,
     interval: Duration,
@@ -184,7 +184,7 @@ impl Keyring {
         );
         Ok(Arc::new(Keyring {
             source,
-            plans,
+            plans: Mutex::new(plans),
             current: ArcSwap::from_pointee(set),
             stamp: Mutex::new(stamp),
             interval,
@@ -204,7 +204,8 @@ impl Keyring {
         }
         match self.source.load_stamped().await {
             Ok((stamp, records)) => {
-                let set = KeySet::build(&records, &self.plans);
+                let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let set = KeySet::build(&records, &plans);
                 log::info!("gateway: key store changed; {} usable keys", set.len());
                 metrics::ACTIVE_KEYS.set(set.len() as i64);
                 self.current.store(Arc::new(set));
@@ -218,6 +219,14 @@ impl Keyring {
                 *self.last_stamp() = Stamp::Unknown;
             }
         }
+    }
+
+    /// New plans from a reload: the key set is rebuilt with them at once, so a plan's new limits
+    /// apply to every key on it. Counts already made are kept (they live in the limit store).
+    pub async fn set_plans(&self, plans: Plans) {
+        *self.plans.lock().unwrap_or_else(|p| p.into_inner()) = plans;
+        *self.last_stamp() = Stamp::Unknown;
+        self.refresh().await;
     }
 
     fn last_stamp(&self) -> std::sync::MutexGuard<'_, Stamp> {

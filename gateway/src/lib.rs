@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
@@ -42,6 +43,7 @@ use tokio::sync::{oneshot, watch};
 pub use config::{GatewayConfig, Settings};
 pub use keyring::KeySource;
 pub use keys::{KeyError, KeyRecord, KeyStore};
+pub use tls::TlsError;
 
 use keyring::REDIS_CACHE_FILE;
 use redis_conn::{RedisError, RedisHub};
@@ -107,7 +109,7 @@ pub fn run(
     settings: Settings,
     data_dir: &Path,
     stop: oneshot::Receiver<()>,
-    reload: watch::Receiver<u64>,
+    reload: Reload,
 ) -> Result<(), StartError> {
     let certificate = match &settings.tls {
         Some((_, files)) => Some(tls::CertResolver::load(files.clone())?),
@@ -119,7 +121,6 @@ pub fn run(
             store.hub().clone(),
             redis.timeout,
             redis.fallback,
-            settings.bans,
         )),
         _ => LimitStore::Embedded(EmbeddedStore::open(data_dir, settings.bans)?),
     });
@@ -134,10 +135,11 @@ pub fn run(
     server.bootstrap();
     let stopping = Arc::new(AtomicBool::new(false));
     let settings = Arc::new(settings);
+    let live = Arc::new(ArcSwap::new(settings.clone()));
 
     let mut public = pingora_proxy::http_proxy_service(
         &server.configuration,
-        proxy::Gateway::new(settings.clone(), keyring.clone(), limits.clone()),
+        proxy::Gateway::new(live.clone(), keyring.clone(), limits.clone()),
     );
     if let Some(app) = public.app_logic_mut() {
         let mut options = pingora::apps::HttpServerOptions::default();
@@ -156,13 +158,16 @@ pub fn run(
     );
     admin.add_tcp(&settings.admin_listen.to_string());
     admin.threads = Some(1);
-    let refresh = background_service("key refresh", keyring::KeyRefresh(keyring));
+    let refresh = background_service("key refresh", keyring::KeyRefresh(keyring.clone()));
     let upkeep = background_service("limit snapshots", Snapshots(limits.clone()));
     let reloads = background_service(
         "reload on SIGHUP",
         Reloads {
-            signal: reload,
+            reload,
             certificate,
+            live,
+            keyring,
+            limits: limits.clone(),
         },
     );
 
@@ -216,17 +221,32 @@ impl pingora::services::background::BackgroundService for Snapshots {
     }
 }
 
-/// Re-reads what a `SIGHUP` asks for: the TLS certificate. A file with an error changes
-/// nothing and is logged.
+/// How a running gateway reloads: the SIGHUPs, and a way to read the configuration file again
+/// (with the same command-line overrides) into validated settings.
+pub struct Reload {
+    /// Moves on every SIGHUP.
+    pub signal: watch::Receiver<u64>,
+    /// Reads and validates the configuration file again; the error says what and where.
+    pub reread: Box<dyn Fn() -> Result<Settings, String> + Send + Sync>,
+}
+
+/// Re-reads what a `SIGHUP` asks for: the configuration file (routes, upstreams, plans, bans,
+/// deprecations, timeouts, CORS, body and header limits) and the TLS certificate. The new
+/// configuration is validated whole and swapped in atomically; a file with any error changes
+/// nothing, is logged with what and where, and is counted. Requests in flight finish with the
+/// configuration they started with; connections stay open; counts stay in the limit store.
 struct Reloads {
-    signal: watch::Receiver<u64>,
+    reload: Reload,
     certificate: Option<Arc<tls::CertResolver>>,
+    live: Arc<ArcSwap<Settings>>,
+    keyring: Arc<keyring::Keyring>,
+    limits: Arc<LimitStore>,
 }
 
 #[async_trait]
 impl pingora::services::background::BackgroundService for Reloads {
     async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        let mut signal = self.signal.clone();
+        let mut signal = self.reload.signal.clone();
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
@@ -234,7 +254,7 @@ impl pingora::services::background::BackgroundService for Reloads {
                     if changed.is_err() {
                         return;
                     }
-                    self.reload();
+                    self.reload().await;
                 }
             }
         }
@@ -242,17 +262,72 @@ impl pingora::services::background::BackgroundService for Reloads {
 }
 
 impl Reloads {
-    fn reload(&self) {
-        if let Some(certificate) = &self.certificate {
-            match certificate.reload() {
-                Ok(()) => log::info!("gateway: SIGHUP: TLS certificate reloaded"),
-                Err(e) => {
-                    metrics::RELOAD_FAILURES.inc();
-                    log::error!("gateway: SIGHUP: keeping the previous TLS certificate: {e}");
+    async fn reload(&self) {
+        let fresh = (self.reload.reread)();
+        let fresh = fresh.and_then(|fresh| {
+            let certificate = match &self.certificate {
+                Some(c) => c.reload().map_err(|e| format!("TLS: {e}")),
+                None => Ok(()),
+            };
+            certificate.map(|()| fresh)
+        });
+        match fresh {
+            Ok(mut fresh) => {
+                let old = self.live.load_full();
+                keep_restart_only(&old, &mut fresh);
+                self.keyring.set_plans(fresh.plans.clone()).await;
+                if let LimitStore::Embedded(store) = &*self.limits {
+                    store.set_bans(fresh.bans);
                 }
+                self.live.store(Arc::new(fresh));
+                metrics::RELOADS.with_label_values(&["ok"]).inc();
+                log::info!("gateway: SIGHUP: configuration reloaded");
+            }
+            Err(e) => {
+                metrics::RELOAD_FAILURES.inc();
+                metrics::RELOADS.with_label_values(&["error"]).inc();
+                log::error!(
+                    "gateway: SIGHUP: the configuration was refused, the previous one stays in force: {e}"
+                );
             }
         }
     }
+}
+
+/// Settings a running gateway cannot change (its listeners, threads, stores): kept from `old`,
+/// with a warning if the file changed them.
+fn keep_restart_only(old: &Settings, fresh: &mut Settings) {
+    let mut ignored = Vec::new();
+    if fresh.listen != old.listen || fresh.admin_listen != old.admin_listen {
+        ignored.push("listen, admin_listen");
+    }
+    if fresh.threads != old.threads {
+        ignored.push("threads");
+    }
+    if fresh.tls.as_ref().map(|t| t.0) != old.tls.as_ref().map(|t| t.0) {
+        ignored.push("tls.listen");
+    }
+    if fresh.redis.as_ref().map(|r| &r.urls) != old.redis.as_ref().map(|r| &r.urls) {
+        ignored.push("redis");
+    }
+    if fresh.auth_failures_per_minute != old.auth_failures_per_minute
+        || fresh.key_refresh != old.key_refresh
+    {
+        ignored.push("auth_failures_per_minute, key_refresh_ms");
+    }
+    if !ignored.is_empty() {
+        log::warn!(
+            "gateway: SIGHUP: {} take effect only at a restart; the running values stay",
+            ignored.join(", ")
+        );
+    }
+    fresh.listen = old.listen;
+    fresh.admin_listen = old.admin_listen;
+    fresh.threads = old.threads;
+    fresh.tls = old.tls.clone();
+    fresh.redis = old.redis.clone();
+    fresh.auth_failures_per_minute = old.auth_failures_per_minute;
+    fresh.key_refresh = old.key_refresh;
 }
 
 /// Unix milliseconds now.

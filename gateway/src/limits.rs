@@ -224,28 +224,25 @@ pub fn banned(limits: Limits, until_ms: u64) -> Decision {
 }
 
 /// Every key's state in this process's memory, one lock per key. Memory grows only with valid
-/// keys: a request reaches the limiter only after its key was found in the key store.
+/// keys: a request reaches the limiter only after its key was found in the key store. The ban
+/// rules come with each call, from the request's configuration, so a reload changes them.
 #[derive(Debug, Default)]
 pub struct Limiter {
     states: DashMap<KeyId, KeyState>,
-    bans: BanPolicy,
 }
 
 impl Limiter {
-    /// A limiter applying `bans`.
-    pub fn new(bans: BanPolicy) -> Limiter {
-        Limiter {
-            states: DashMap::new(),
-            bans,
-        }
+    /// An empty limiter.
+    pub fn new() -> Limiter {
+        Limiter::default()
     }
 
     /// Checks and, if admitted, counts one request of `key` at `now_ms` (Unix milliseconds).
-    pub fn check(&self, key: KeyId, limits: Limits, now_ms: u64) -> Decision {
+    pub fn check(&self, key: KeyId, limits: Limits, bans: &BanPolicy, now_ms: u64) -> Decision {
         self.states
             .entry(key)
             .or_default()
-            .check(limits, &self.bans, now_ms)
+            .check(limits, bans, now_ms)
     }
 
     /// Where `key` stands at `now_ms`, counting nothing.
@@ -256,10 +253,10 @@ impl Limiter {
             .peek(limits, now_ms)
     }
 
-    /// Every key's state that still matters at `now_ms`; idle state is forgotten on the way.
-    pub fn snapshot(&self, now_ms: u64) -> Vec<(KeyId, KeyState)> {
-        self.states
-            .retain(|_, state| !state.is_idle(&self.bans, now_ms));
+    /// Every key's state that still matters at `now_ms` under `bans`; idle state is forgotten
+    /// on the way.
+    pub fn snapshot(&self, bans: &BanPolicy, now_ms: u64) -> Vec<(KeyId, KeyState)> {
+        self.states.retain(|_, state| !state.is_idle(bans, now_ms));
         self.states.iter().map(|e| (*e.key(), *e.value())).collect()
     }
 
@@ -294,7 +291,7 @@ mod tests {
     fn counts_down_then_refuses_and_reopens_at_the_window_end() {
         let l = Limiter::default();
         for i in 0..60 {
-            let d = l.check(K, FREE, T0 + i * 10);
+            let d = l.check(K, FREE, &BanPolicy::default(), T0 + i * 10);
             assert_eq!(d.verdict, Verdict::Admitted);
             assert_eq!(d.quota.remaining, 59 - i);
             assert_eq!(
@@ -303,13 +300,14 @@ mod tests {
                 "the window starts at the first request"
             );
         }
-        let d = l.check(K, FREE, T0 + 30_000);
+        let d = l.check(K, FREE, &BanPolicy::default(), T0 + 30_000);
         assert_eq!(d.verdict, Verdict::RateLimited);
         assert_eq!(d.quota.remaining, 0);
         assert_eq!(d.retry_after_secs(T0 + 30_000), Some(30));
         // A retry after Retry-After seconds is admitted.
         assert_eq!(
-            l.check(K, FREE, T0 + 30_000 + 30_000).verdict,
+            l.check(K, FREE, &BanPolicy::default(), T0 + 30_000 + 30_000)
+                .verdict,
             Verdict::Admitted
         );
     }
@@ -319,16 +317,20 @@ mod tests {
         let l = Limiter::default();
         let start = T0 + 12_345;
         for _ in 0..60 {
-            l.check(K, FREE, start);
+            l.check(K, FREE, &BanPolicy::default(), start);
         }
         for _ in 0..5 {
-            assert_eq!(l.check(K, FREE, start + 1).verdict, Verdict::RateLimited);
+            assert_eq!(
+                l.check(K, FREE, &BanPolicy::default(), start + 1).verdict,
+                Verdict::RateLimited
+            );
         }
         assert_eq!(
-            l.check(K, FREE, start + MINUTE_MS - 1).verdict,
+            l.check(K, FREE, &BanPolicy::default(), start + MINUTE_MS - 1)
+                .verdict,
             Verdict::RateLimited
         );
-        let d = l.check(K, FREE, start + MINUTE_MS);
+        let d = l.check(K, FREE, &BanPolicy::default(), start + MINUTE_MS);
         assert_eq!((d.verdict, d.quota.remaining), (Verdict::Admitted, 59));
         assert_eq!(d.quota.reset_ms, start + 2 * MINUTE_MS);
     }
@@ -343,14 +345,14 @@ mod tests {
         let midnight = (T0 / DAY_MS + 1) * DAY_MS;
         let late = midnight - 90_000;
         for remaining in [2, 1, 0] {
-            let d = l.check(K, limits, late);
+            let d = l.check(K, limits, &BanPolicy::default(), late);
             assert_eq!(
                 (d.verdict, d.quota.name, d.quota.remaining),
                 (Verdict::Admitted, "day", remaining)
             );
             assert_eq!(d.quota.reset_ms, midnight);
         }
-        let d = l.check(K, limits, late + 1000);
+        let d = l.check(K, limits, &BanPolicy::default(), late + 1000);
         assert_eq!(d.verdict, Verdict::QuotaExceeded);
         assert_eq!(
             d.retry_after_secs(late + 1000),
@@ -358,10 +360,11 @@ mod tests {
             "Retry-After runs to UTC midnight"
         );
         assert_eq!(
-            l.check(K, limits, midnight - 1).verdict,
+            l.check(K, limits, &BanPolicy::default(), midnight - 1)
+                .verdict,
             Verdict::QuotaExceeded
         );
-        let d = l.check(K, limits, midnight);
+        let d = l.check(K, limits, &BanPolicy::default(), midnight);
         assert_eq!((d.verdict, d.quota.remaining), (Verdict::Admitted, 2));
     }
 
@@ -372,13 +375,13 @@ mod tests {
             per_minute: 5,
             per_day: 5,
         };
-        let d = l.check(K, limits, T0);
+        let d = l.check(K, limits, &BanPolicy::default(), T0);
         assert_eq!((d.quota.name, d.quota.remaining), ("minute", 4));
         let limits = Limits {
             per_minute: 10,
             per_day: 5,
         };
-        let d = l.check(KeyId(8), limits, T0);
+        let d = l.check(KeyId(8), limits, &BanPolicy::default(), T0);
         assert_eq!(
             (d.quota.name, d.quota.remaining, d.quota.limit),
             ("day", 4, 5)
@@ -392,25 +395,31 @@ mod tests {
             per_minute: 2,
             per_day: 100,
         };
-        l.check(K, limits, T0);
-        l.check(K, limits, T0);
+        l.check(K, limits, &BanPolicy::default(), T0);
+        l.check(K, limits, &BanPolicy::default(), T0);
         for _ in 0..10 {
-            assert_eq!(l.check(K, limits, T0 + 1).verdict, Verdict::RateLimited);
+            assert_eq!(
+                l.check(K, limits, &BanPolicy::default(), T0 + 1).verdict,
+                Verdict::RateLimited
+            );
         }
-        let d = l.check(K, limits, T0 + 2);
+        let d = l.check(K, limits, &BanPolicy::default(), T0 + 2);
         assert_eq!(d.verdict, Verdict::Banned);
         assert_eq!(d.quota.reset_ms, T0 + 2 + 15 * MINUTE_MS);
         assert_eq!(d.retry_after_secs(T0 + 2), Some(900));
         assert_eq!(
-            l.check(K, limits, T0 + 14 * MINUTE_MS).verdict,
+            l.check(K, limits, &BanPolicy::default(), T0 + 14 * MINUTE_MS)
+                .verdict,
             Verdict::Banned
         );
         assert_eq!(
-            l.check(KeyId(99), limits, T0 + 3).verdict,
+            l.check(KeyId(99), limits, &BanPolicy::default(), T0 + 3)
+                .verdict,
             Verdict::Admitted
         );
         assert_eq!(
-            l.check(K, limits, T0 + 2 + 15 * MINUTE_MS).verdict,
+            l.check(K, limits, &BanPolicy::default(), T0 + 2 + 15 * MINUTE_MS)
+                .verdict,
             Verdict::Admitted
         );
     }
@@ -424,7 +433,10 @@ mod tests {
                     let l = l.clone();
                     s.spawn(move || {
                         (0..50)
-                            .filter(|_| l.check(K, FREE, T0).verdict == Verdict::Admitted)
+                            .filter(|_| {
+                                l.check(K, FREE, &BanPolicy::default(), T0).verdict
+                                    == Verdict::Admitted
+                            })
                             .count() as u64
                     })
                 })
@@ -444,7 +456,7 @@ mod tests {
         let fresh = l.peek(K, limits, T0);
         assert_eq!((fresh.minute.remaining, fresh.day.remaining), (2, 100));
         assert_eq!(fresh.minute.reset_ms, T0 + MINUTE_MS);
-        l.check(K, limits, T0);
+        l.check(K, limits, &BanPolicy::default(), T0);
         for _ in 0..3 {
             let p = l.peek(K, limits, T0 + 5);
             assert_eq!(
@@ -453,9 +465,9 @@ mod tests {
                 "peeks count nothing"
             );
         }
-        l.check(K, limits, T0 + 6);
+        l.check(K, limits, &BanPolicy::default(), T0 + 6);
         for _ in 0..11 {
-            l.check(K, limits, T0 + 7);
+            l.check(K, limits, &BanPolicy::default(), T0 + 7);
         }
         let p = l.peek(K, limits, T0 + 8);
         assert_eq!(p.banned_until_ms, Some(T0 + 7 + 15 * MINUTE_MS));
@@ -475,13 +487,14 @@ mod tests {
             per_day in 1u64..60,
         ) {
             let limits = Limits { per_minute, per_day };
-            let l = Limiter::new(BanPolicy { threshold: u32::MAX, ..BanPolicy::default() });
+            let l = Limiter::new();
+            let never = BanPolicy { threshold: u32::MAX, ..BanPolicy::default() };
             let mut now = T0 - 3_600_000 * 2 + 7;
             // (time, admitted) for every request; windows are recomputed independently below.
             let mut requests = Vec::new();
             for gap in gaps {
                 now += gap;
-                let d = l.check(K, limits, now);
+                let d = l.check(K, limits, &never, now);
                 requests.push((now, d.verdict == Verdict::Admitted));
                 if let Some(retry) = d.retry_after_secs(now) {
                     prop_assert!(retry >= 1);

@@ -106,6 +106,17 @@ pub static RELOAD_FAILURES: Lazy<IntCounter> = Lazy::new(|| {
     )
 });
 
+/// Reloads asked for by SIGHUP, by result (`ok`, `error`).
+pub static RELOADS: Lazy<IntCounterVec> = Lazy::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("gateway_reloads_total", "SIGHUP reloads by result"),
+            &["result"],
+        )
+        .expect("valid metric"),
+    )
+});
+
 /// The text exposition of every metric.
 pub fn render() -> Vec<u8> {
     Lazy::force(&RESPONSES);
@@ -115,6 +126,9 @@ pub fn render() -> Vec<u8> {
     Lazy::force(&LIMIT_STORE_FALLBACKS);
     Lazy::force(&LIMIT_STORE_OUTAGES);
     Lazy::force(&RELOAD_FAILURES);
+    for result in ["ok", "error"] {
+        RELOADS.with_label_values(&[result]);
+    }
     let mut out = Vec::new();
     TextEncoder::new()
         .encode(&REGISTRY.gather(), &mut out)

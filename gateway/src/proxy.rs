@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use animal_store_contract::{ErrorCode, RATE_LIMIT_PATH};
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::HeaderValue;
@@ -75,6 +76,9 @@ async fn linger(session: &mut Session) {
 
 /// Per-request state, from the first phase to `logging`.
 pub struct Ctx {
+    /// The configuration in force when the request arrived, used to its end: a reload never
+    /// shows one request half of two configurations.
+    pub settings: Arc<Settings>,
     /// Returned to the client and forwarded upstream.
     pub request_id: String,
     /// Unix milliseconds when the request was decided on.
@@ -107,7 +111,7 @@ enum Admission {
 
 /// The gateway's state shared by all requests.
 pub struct Gateway {
-    settings: Arc<Settings>,
+    live: Arc<ArcSwap<Settings>>,
     keys: Arc<Keyring>,
     limits: Arc<LimitStore>,
     failures: FailureBudget,
@@ -115,13 +119,19 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A gateway with `settings`, reading keys from `keys` and counting in `limits`.
-    pub fn new(settings: Arc<Settings>, keys: Arc<Keyring>, limits: Arc<LimitStore>) -> Gateway {
+    /// A gateway with the configuration in `live` (swapped by a reload), reading keys from
+    /// `keys` and counting in `limits`.
+    pub fn new(
+        live: Arc<ArcSwap<Settings>>,
+        keys: Arc<Keyring>,
+        limits: Arc<LimitStore>,
+    ) -> Gateway {
+        let settings = live.load_full();
         Gateway {
             limits,
             failures: FailureBudget::new(settings.auth_failures_per_minute),
             address_policy: headers::address_policy(settings.auth_failures_per_minute),
-            settings,
+            live,
             keys,
         }
     }
@@ -134,22 +144,23 @@ impl Gateway {
         ctx: &mut Ctx,
     ) -> std::result::Result<Admission, GatewayError> {
         ctx.now_ms = unix_ms();
+        let settings = ctx.settings.clone();
         let ip = client_ip(session);
         let unroutable = self.normalize(session).map_err(str::to_owned);
         let request = session.req_header();
-        if let Err(why) = unroutable.and_then(|()| self.check_headers(request)) {
+        if let Err(why) = unroutable.and_then(|()| check_headers(request, &settings)) {
             ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));
             return Err(GatewayError::new(ErrorCode::InvalidRequest, why));
         }
         let path = request.uri.path();
-        let route = self.settings.routes.find(path).cloned();
+        let route = settings.routes.find(path).cloned();
         ctx.deprecation = route
             .as_ref()
             .and_then(|r| r.deprecation(request.method.as_str(), path))
             .cloned();
         let policy = route
             .as_ref()
-            .map_or(self.settings.cors.as_ref(), |r| r.cors.as_ref());
+            .map_or(settings.cors.as_ref(), |r| r.cors.as_ref());
         ctx.cors = policy.and_then(|p| p.allowed_origin(request));
         if let Some(policy) = policy.filter(|_| cors::is_preflight(request)) {
             // A preflight never carries a key: answered without one, and counted nowhere.
@@ -196,8 +207,8 @@ impl Gateway {
         let declared = declared
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > self.settings.max_body_bytes) {
-            return Err(self.too_large());
+        if declared.is_some_and(|len| len > settings.max_body_bytes) {
+            return Err(too_large(&settings));
         }
         Ok(Admission::Forward)
     }
@@ -262,7 +273,12 @@ impl Gateway {
         key: &ActiveKey,
         ctx: &mut Ctx,
     ) -> std::result::Result<(), GatewayError> {
-        let Ok(decision) = self.limits.check(key.id, key.limits, ctx.now_ms).await else {
+        let bans = ctx.settings.bans;
+        let Ok(decision) = self
+            .limits
+            .check(key.id, key.limits, &bans, ctx.now_ms)
+            .await
+        else {
             return Err(GatewayError::new(
                 ErrorCode::Unavailable,
                 "the shared limit store cannot be reached; retry shortly",
@@ -317,35 +333,35 @@ impl Gateway {
         session.req_header_mut().set_uri(uri);
         Ok(())
     }
+}
 
-    /// Refuses requests with more headers, or more header bytes, than are forwarded.
-    fn check_headers(&self, request: &RequestHeader) -> std::result::Result<(), String> {
-        if request.headers.len() > MAX_HEADERS {
-            return Err(format!("a request may carry at most {MAX_HEADERS} headers"));
-        }
-        let bytes: usize = request
-            .headers
-            .iter()
-            .map(|(name, value)| name.as_str().len() + value.len())
-            .sum();
-        if bytes > self.settings.max_header_bytes {
-            return Err(format!(
-                "the request headers are larger than {} bytes",
-                self.settings.max_header_bytes
-            ));
-        }
-        Ok(())
+/// Refuses requests with more headers, or more header bytes, than are forwarded.
+fn check_headers(request: &RequestHeader, settings: &Settings) -> std::result::Result<(), String> {
+    if request.headers.len() > MAX_HEADERS {
+        return Err(format!("a request may carry at most {MAX_HEADERS} headers"));
     }
+    let bytes: usize = request
+        .headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if bytes > settings.max_header_bytes {
+        return Err(format!(
+            "the request headers are larger than {} bytes",
+            settings.max_header_bytes
+        ));
+    }
+    Ok(())
+}
 
-    fn too_large(&self) -> GatewayError {
-        GatewayError::new(
-            ErrorCode::PayloadTooLarge,
-            format!(
-                "the request body is larger than {} bytes",
-                self.settings.max_body_bytes
-            ),
-        )
-    }
+fn too_large(settings: &Settings) -> GatewayError {
+    GatewayError::new(
+        ErrorCode::PayloadTooLarge,
+        format!(
+            "the request body is larger than {} bytes",
+            settings.max_body_bytes
+        ),
+    )
 }
 
 static REQUEST_IDS: Lazy<(u32, AtomicU64)> = Lazy::new(|| {
@@ -376,6 +392,7 @@ impl ProxyHttp for Gateway {
 
     fn new_ctx(&self) -> Ctx {
         Ctx {
+            settings: self.live.load_full(),
             request_id: next_request_id(),
             now_ms: 0,
             rate: None,
@@ -398,14 +415,14 @@ impl ProxyHttp for Gateway {
         // HTTP/1.1 keep-alive is unbounded in pingora: close idle clients as nginx does. (Off
         // stays off: `Connection: close` and HTTP/1.0 without keep-alive.)
         if session.get_keepalive().is_some() {
-            session.set_keepalive(Some(self.settings.keepalive_timeout.as_secs()));
+            session.set_keepalive(Some(ctx.settings.keepalive_timeout.as_secs()));
         }
         if let Some(page) = pages::public_page(session.req_header()) {
             // The API's pages are public: no key, nothing counted against one.
             ctx.now_ms = unix_ms();
             ctx.rate = Some(self.address_rate(self.failures.peek(client_ip(session), ctx.now_ms)));
-            ctx.cors =
-                (self.settings.cors.as_ref()).and_then(|p| p.allowed_origin(session.req_header()));
+            let policy = ctx.settings.cors.clone();
+            ctx.cors = policy.and_then(|p| p.allowed_origin(session.req_header()));
             pages::serve(session, ctx, page).await?;
             return Ok(true);
         }
@@ -435,7 +452,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
     ) -> Result<()> {
         ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
-        if ctx.body_bytes > self.settings.max_body_bytes {
+        if ctx.body_bytes > ctx.settings.max_body_bytes {
             return Error::e_explain(ErrorType::HTTPStatus(413), "request body over the limit");
         }
         Ok(())
@@ -453,7 +470,7 @@ impl ProxyHttp for Gateway {
                 peer
             }
         };
-        peer.options.connection_timeout = Some(self.settings.connect_timeout);
+        peer.options.connection_timeout = Some(ctx.settings.connect_timeout);
         peer.options.read_timeout = Some(route.timeout);
         peer.options.write_timeout = Some(route.timeout);
         peer.options.idle_timeout = Some(UPSTREAM_IDLE);

@@ -40,6 +40,8 @@ pub struct EmbeddedStore {
     limiter: Limiter,
     path: PathBuf,
     dirty: AtomicBool,
+    /// The ban rules the last request came with: what "idle" means for a snapshot.
+    bans: std::sync::Mutex<BanPolicy>,
 }
 
 impl EmbeddedStore {
@@ -48,7 +50,7 @@ impl EmbeddedStore {
     /// would take the whole API down for the sake of some counters.
     pub fn open(data_dir: &Path, bans: BanPolicy) -> Result<EmbeddedStore, SnapshotError> {
         let path = data_dir.join(SNAPSHOT_FILE);
-        let limiter = Limiter::new(bans);
+        let limiter = Limiter::new();
         match fs::read(&path) {
             Ok(bytes) => match decode(&bytes) {
                 Some(states) => {
@@ -79,16 +81,22 @@ impl EmbeddedStore {
             limiter,
             path,
             dirty: AtomicBool::new(false),
+            bans: std::sync::Mutex::new(bans),
         })
     }
 
-    /// Checks and, if admitted, counts one request.
-    pub fn check(&self, key: KeyId, limits: Limits, now_ms: u64) -> Decision {
-        let decision = self.limiter.check(key, limits, now_ms);
+    /// Checks and, if admitted, counts one request under `bans`.
+    pub fn check(&self, key: KeyId, limits: Limits, bans: &BanPolicy, now_ms: u64) -> Decision {
+        let decision = self.limiter.check(key, limits, bans, now_ms);
         if !self.dirty.load(Ordering::Relaxed) {
             self.dirty.store(true, Ordering::Relaxed);
         }
         decision
+    }
+
+    /// The ban rules a reload brought, for what the snapshot forgets as idle.
+    pub fn set_bans(&self, bans: BanPolicy) {
+        *self.bans.lock().unwrap_or_else(|p| p.into_inner()) = bans;
     }
 
     /// Where `key` stands, counting nothing.
@@ -101,7 +109,8 @@ impl EmbeddedStore {
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let result = self.write(&encode(&self.limiter.snapshot(now_ms)));
+        let bans = *self.bans.lock().unwrap_or_else(|p| p.into_inner());
+        let result = self.write(&encode(&self.limiter.snapshot(&bans, now_ms)));
         if result.is_err() {
             self.dirty.store(true, Ordering::Relaxed);
         }
@@ -197,26 +206,32 @@ mod tests {
     fn a_snapshot_restores_counts_and_bans_and_forgets_idle_keys() {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
-        store.check(KeyId(1), LIMITS, T0);
-        store.check(KeyId(1), LIMITS, T0 + 1);
+        store.check(KeyId(1), LIMITS, &BanPolicy::default(), T0);
+        store.check(KeyId(1), LIMITS, &BanPolicy::default(), T0 + 1);
         for _ in 0..3 {
-            store.check(KeyId(2), LIMITS, T0);
+            store.check(KeyId(2), LIMITS, &BanPolicy::default(), T0);
         }
         for _ in 0..11 {
-            store.check(KeyId(2), LIMITS, T0 + 2);
+            store.check(KeyId(2), LIMITS, &BanPolicy::default(), T0 + 2);
         }
         // Idle by the time of the snapshot: its minute is over and its day is past.
-        store.check(KeyId(3), LIMITS, T0 - 2 * 86_400_000);
+        store.check(KeyId(3), LIMITS, &BanPolicy::default(), T0 - 2 * 86_400_000);
         store.persist(T0 + 3).unwrap();
 
         let again = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
-        let d = again.check(KeyId(1), LIMITS, T0 + 4);
+        let d = again.check(KeyId(1), LIMITS, &BanPolicy::default(), T0 + 4);
         assert_eq!((d.verdict, d.quota.remaining), (Verdict::Admitted, 0));
         assert_eq!(
-            again.check(KeyId(2), LIMITS, T0 + 5).verdict,
+            again
+                .check(KeyId(2), LIMITS, &BanPolicy::default(), T0 + 5)
+                .verdict,
             Verdict::Banned
         );
-        assert_eq!(again.limiter.snapshot(T0 + 5).len(), 2, "key 3 was idle");
+        assert_eq!(
+            again.limiter.snapshot(&BanPolicy::default(), T0 + 5).len(),
+            2,
+            "key 3 was idle"
+        );
     }
 
     #[test]
@@ -237,7 +252,7 @@ mod tests {
         .unwrap();
         let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
         assert!(dir.path().join("limits.bin.damaged").exists());
-        let d = store.check(KeyId(1), LIMITS, T0);
+        let d = store.check(KeyId(1), LIMITS, &BanPolicy::default(), T0);
         assert_eq!(d.quota.remaining, 2);
     }
 

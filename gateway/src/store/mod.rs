@@ -16,6 +16,7 @@ pub mod redis;
 pub use embedded::EmbeddedStore;
 pub use redis::{Fallback, RedisStore};
 
+use crate::bans::BanPolicy;
 use crate::keys::KeyId;
 use crate::limits::{Decision, Standing};
 use crate::plans::Limits;
@@ -38,11 +39,12 @@ impl LimitStore {
         &self,
         key: KeyId,
         limits: Limits,
+        bans: &BanPolicy,
         now_ms: u64,
     ) -> Result<Decision, Unavailable> {
         match self {
-            LimitStore::Embedded(store) => Ok(store.check(key, limits, now_ms)),
-            LimitStore::Redis(store) => store.check(key, limits, now_ms).await,
+            LimitStore::Embedded(store) => Ok(store.check(key, limits, bans, now_ms)),
+            LimitStore::Redis(store) => store.check(key, limits, bans, now_ms).await,
         }
     }
 

@@ -65,8 +65,6 @@ pub struct RedisStore {
     script: redis::Script,
     timeout: Duration,
     fallback: Fallback,
-    bans: BanPolicy,
-    ttl_ms: u64,
     /// Whether the last word from Redis was good; requests skip Redis while it is not.
     up: AtomicBool,
     /// Gateways seen alive at the last heartbeat (at least 1: this one).
@@ -79,26 +77,17 @@ pub struct RedisStore {
 impl RedisStore {
     /// A store on `hub`; starts its heartbeat on the hub's runtime. Never waits for Redis
     /// beyond the hub's connect timeout: without it, the store starts in fallback.
-    pub fn start(
-        hub: Arc<RedisHub>,
-        timeout: Duration,
-        fallback: Fallback,
-        bans: BanPolicy,
-    ) -> Arc<RedisStore> {
+    pub fn start(hub: Arc<RedisHub>, timeout: Duration, fallback: Fallback) -> Arc<RedisStore> {
         let mut instance = [0u8; 8];
         let _ = getrandom::fill(&mut instance);
-        // State must outlive the longest ban and the window in which bans double.
-        let ttl_ms = (bans.max + bans.repeat_window).as_millis() as u64 + 2 * DAY_MS;
         let store = Arc::new(RedisStore {
             hub: hub.clone(),
             script: redis::Script::new(SCRIPT),
             timeout,
             fallback,
-            ttl_ms,
             up: AtomicBool::new(false),
             alive: AtomicU64::new(1),
-            local: Limiter::new(bans),
-            bans,
+            local: Limiter::new(),
             instance: hex::encode(instance),
         });
         metrics::LIMIT_STORE_UP.set(0);
@@ -115,24 +104,26 @@ impl RedisStore {
         store
     }
 
-    /// Checks and, if admitted, counts one request of `key`, in Redis if it answers in time.
+    /// Checks and, if admitted, counts one request of `key` under `bans`, in Redis if it
+    /// answers in time.
     pub async fn check(
         &self,
         key: KeyId,
         limits: Limits,
+        bans: &BanPolicy,
         now_ms: u64,
     ) -> Result<Decision, Unavailable> {
         if self.up.load(Ordering::Relaxed)
             && let Some(conn) = self.hub.conn()
         {
-            match within(self.timeout, self.eval(conn, key, limits, now_ms)).await {
+            match within(self.timeout, self.eval(conn, key, limits, bans, now_ms)).await {
                 Ok(decision) => return Ok(decision),
                 Err(e) => self.went_down(&e),
             }
         }
         metrics::LIMIT_STORE_FALLBACKS.inc();
         match self.fallback {
-            Fallback::Local => Ok(self.local.check(key, self.share(limits), now_ms)),
+            Fallback::Local => Ok(self.local.check(key, self.share(limits), bans, now_ms)),
             Fallback::Allow => Ok(unlimited(limits, now_ms)),
             Fallback::Deny => Err(Unavailable),
         }
@@ -190,9 +181,11 @@ impl RedisStore {
         mut conn: RedisConn,
         key: KeyId,
         limits: Limits,
+        bans: &BanPolicy,
         now_ms: u64,
     ) -> Result<Decision, RedisError> {
-        let bans = &self.bans;
+        // State must outlive the longest ban and the window in which bans double.
+        let ttl_ms = (bans.max + bans.repeat_window).as_millis() as u64 + 2 * DAY_MS;
         let reply: (u8, u8, u64, u64) = self
             .script
             .key(state_key(key))
@@ -203,7 +196,7 @@ impl RedisStore {
             .arg(bans.base.as_millis() as u64)
             .arg(bans.max.as_millis() as u64)
             .arg(bans.repeat_window.as_millis() as u64)
-            .arg(self.ttl_ms)
+            .arg(ttl_ms)
             .invoke_async(&mut conn)
             .await?;
         decision_from_reply(reply, limits)
