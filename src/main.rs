@@ -13,8 +13,9 @@ use cli::{Cli, Command};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Logging unless `RUST_LOG` says otherwise: info, with the per-request access log off.
-const DEFAULT_LOG: &str = "info,access=warn";
+/// Logging unless `RUST_LOG` says otherwise: info. The access log (target `access`) is chosen by
+/// `gateway.access_log`.
+const DEFAULT_LOG: &str = "info";
 
 fn main() -> anyhow::Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(DEFAULT_LOG)).init();

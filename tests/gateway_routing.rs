@@ -425,11 +425,15 @@ async fn admin_listener_serves_health_readiness_and_metrics() {
         .await
         .unwrap();
     assert!(
-        metrics.contains(r#"gateway_responses_total{outcome="proxied",status="200"} 1"#),
+        metrics.contains(
+            r#"gateway_responses_total{method="GET",outcome="proxied",route="/v1/pets",status="200"} 1"#
+        ),
         "{metrics}"
     );
     assert!(
-        metrics.contains(r#"gateway_responses_total{outcome="unauthorized",status="401"} 1"#),
+        metrics.contains(
+            r#"gateway_responses_total{method="GET",outcome="unauthorized",route="/v1/pets",status="401"} 1"#
+        ),
         "{metrics}"
     );
     assert!(metrics.contains("gateway_active_keys 2"), "{metrics}");

@@ -157,6 +157,7 @@ fn table() -> Vec<Step> {
 
 /// Runs the table through `check`, naming the store in any failure.
 fn run_table(store: &str, base: u64, mut check: impl FnMut(KeyId, Limits, u64) -> Decision) {
+    let mut last = std::collections::HashMap::<u64, Verdict>::new();
     for (i, s) in table().iter().enumerate() {
         let limits = Limits {
             per_minute: s.limits.0,
@@ -178,6 +179,13 @@ fn run_table(store: &str, base: u64, mut check: impl FnMut(KeyId, Limits, u64) -
             s.limits.0
         };
         assert_eq!(d.quota.limit, limit, "{store} store, step {i}: limit");
+        // The refusal that imposes a ban says so; requests refused during it do not.
+        let imposed = s.verdict == Verdict::Banned && last.get(&s.key) != Some(&Verdict::Banned);
+        assert_eq!(
+            d.ban_imposed, imposed,
+            "{store} store, step {i}: ban imposed"
+        );
+        last.insert(s.key, s.verdict);
     }
 }
 

@@ -26,6 +26,15 @@ pub enum AuthFailure {
 }
 
 impl AuthFailure {
+    /// The failure as a metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "missing",
+            AuthFailure::Malformed => "malformed",
+            AuthFailure::UnknownKey => "unknown_key",
+        }
+    }
+
     /// A sentence for the 401 body; never repeats the presented key.
     pub fn message(self) -> &'static str {
         match self {

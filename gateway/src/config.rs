@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::access_log::AccessLog;
 use crate::bans::BanPolicy;
 use crate::cors::CorsPolicy;
 use crate::deprecation::{AfterSunset, Deprecation};
@@ -84,6 +85,8 @@ pub struct GatewayConfig {
     pub tls: TlsConfig,
     /// `[gateway.cors]`: origins whose web pages may call the API.
     pub cors: CorsConfig,
+    /// The access log: `off`, `text` or `json` (one object per line).
+    pub access_log: AccessLog,
     /// The address clients use for this API, e.g. `https://api.example.com`; links the gateway
     /// writes (a deprecation's documentation, the docs page) are built from it, so they are
     /// right behind a load balancer or a TLS terminator. Unset: `http://<listen>`.
@@ -176,6 +179,7 @@ impl Default for GatewayConfig {
             redis: RedisConfig::default(),
             tls: TlsConfig::default(),
             cors: CorsConfig::default(),
+            access_log: AccessLog::Off,
             public_url: None,
         }
     }
@@ -295,6 +299,8 @@ pub struct Settings {
     pub cors: Option<Arc<CorsPolicy>>,
     /// The API's public address, without a trailing slash.
     pub public_url: String,
+    /// The access log's format, or off.
+    pub access_log: AccessLog,
 }
 
 /// Validated `[gateway.redis]`.
@@ -409,6 +415,7 @@ impl Settings {
             tls,
             cors,
             public_url,
+            access_log: config.access_log,
         })
     }
 }

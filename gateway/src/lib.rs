@@ -5,6 +5,7 @@
 //! to upstreams, all from configuration. [`run`] builds and runs the pingora server; the module
 //! [`proxy`] shows the phases and what each decides.
 
+pub mod access_log;
 pub mod admin;
 pub mod auth;
 pub mod bans;

@@ -55,6 +55,8 @@ pub struct Decision {
     pub verdict: Verdict,
     /// What the rate-limit headers describe.
     pub quota: Quota,
+    /// This request's refusal imposed the ban (for metrics; later requests are merely banned).
+    pub ban_imposed: bool,
 }
 
 impl Decision {
@@ -117,7 +119,10 @@ impl KeyState {
             if self.refused_in_window > u64::from(bans.threshold) {
                 self.refused_in_window = 0;
                 let until = self.ban.impose(bans, now_ms);
-                return banned(limits, until);
+                return Decision {
+                    ban_imposed: true,
+                    ..banned(limits, until)
+                };
             }
             // When both are spent, the day is the longer wait.
             if day_left == 0 {
@@ -144,7 +149,11 @@ impl KeyState {
             _ if day.remaining < minute.remaining => day,
             _ => minute,
         };
-        Decision { verdict, quota }
+        Decision {
+            verdict,
+            quota,
+            ban_imposed: false,
+        }
     }
 
     /// Where the key stands at `now_ms`, counting nothing: what `GET /v1/rate_limit` shows.
@@ -220,6 +229,7 @@ pub fn banned(limits: Limits, until_ms: u64) -> Decision {
             remaining: 0,
             reset_ms: until_ms,
         },
+        ban_imposed: false,
     }
 }
 

@@ -2,8 +2,8 @@
 
 use once_cell::sync::Lazy;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 /// The registry the admin listener renders.
@@ -16,19 +16,92 @@ fn register<T: prometheus::core::Collector + Clone + 'static>(metric: T) -> T {
     metric
 }
 
-/// Responses by status and outcome (`proxied` or the contract's error code).
+/// Responses by route (its prefix, `none`, or the gateway's own page), method, status and
+/// outcome (`proxied`, `answered`, or the contract's error code). Every label value is bounded:
+/// routes and plans come from the configuration, never from paths or keys.
 pub static RESPONSES: Lazy<IntCounterVec> = Lazy::new(|| {
     register(
         IntCounterVec::new(
             Opts::new(
                 "gateway_responses_total",
-                "Responses of the public listener by status and outcome",
+                "Responses of the public listener by route, method, status and outcome",
             ),
-            &["status", "outcome"],
+            &["route", "method", "status", "outcome"],
         )
         .expect("valid metric"),
     )
 });
+
+/// Requests refused by a key's limits, by plan and reason (`rate_limited`, `quota_exceeded`,
+/// `key_banned`, `unavailable`).
+pub static REFUSALS: Lazy<IntCounterVec> = Lazy::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "gateway_refusals_total",
+                "Requests refused by a key's limits, by plan and reason",
+            ),
+            &["plan", "reason"],
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Bans imposed, by plan.
+pub static BANS: Lazy<IntCounterVec> = Lazy::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("gateway_bans_total", "Key bans imposed, by plan"),
+            &["plan"],
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Failed authentications, by reason (`missing`, `malformed`, `unknown_key`).
+pub static AUTH_FAILURES: Lazy<IntCounterVec> = Lazy::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "gateway_auth_failures_total",
+                "Requests without a valid key, by reason",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Time from choosing an upstream to its response header, by route.
+pub static UPSTREAM_DURATION: Lazy<HistogramVec> = Lazy::new(|| {
+    register(
+        HistogramVec::new(
+            HistogramOpts::new(
+                "gateway_upstream_duration_seconds",
+                "Time from choosing the upstream to its response header, by route",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+            ]),
+            &["route"],
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// A method as a label: the common ones by name, anything else as `other`.
+pub fn method_label(method: &http::Method) -> &'static str {
+    match *method {
+        http::Method::GET => "GET",
+        http::Method::POST => "POST",
+        http::Method::PUT => "PUT",
+        http::Method::PATCH => "PATCH",
+        http::Method::DELETE => "DELETE",
+        http::Method::HEAD => "HEAD",
+        http::Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
 
 /// Time from request to the end of the response.
 pub static DURATION: Lazy<Histogram> = Lazy::new(|| {

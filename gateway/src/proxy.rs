@@ -30,6 +30,7 @@ use pingora::prelude::HttpPeer;
 use pingora::{Error, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
+use crate::access_log::{self, AccessLog};
 use crate::auth::{Budget, FailureBudget, authorize};
 use crate::config::{MAX_HEADERS, Settings};
 use crate::cors::{self, CorsPolicy};
@@ -93,6 +94,10 @@ pub struct Ctx {
     pub error_code: Option<ErrorCode>,
     /// The request's `Origin`, when CORS allows it: responses then carry the CORS headers.
     pub cors: Option<HeaderValue>,
+    /// The gateway's own answer that served the request (a page, a preflight, `rate_limit`),
+    /// as it appears in metrics and the access log.
+    pub answered: Option<&'static str>,
+    upstream_started: Option<Instant>,
     key: Option<Arc<ActiveKey>>,
     route: Option<Arc<Route>>,
     body_bytes: u64,
@@ -154,6 +159,7 @@ impl Gateway {
         }
         let path = request.uri.path();
         let route = settings.routes.find(path).cloned();
+        ctx.route.clone_from(&route);
         ctx.deprecation = route
             .as_ref()
             .and_then(|r| r.deprecation(request.method.as_str(), path))
@@ -251,6 +257,9 @@ impl Gateway {
             Ok(key) => return Ok(key),
             Err(failure) => failure,
         };
+        metrics::AUTH_FAILURES
+            .with_label_values(&[failure.label()])
+            .inc();
         let budget = self.failures.fail(ip, ctx.now_ms);
         ctx.rate = Some(self.address_rate(budget));
         if !budget.exhausted {
@@ -274,11 +283,15 @@ impl Gateway {
         ctx: &mut Ctx,
     ) -> std::result::Result<(), GatewayError> {
         let bans = ctx.settings.bans;
+        let plan = key.plan.to_str().unwrap_or("?");
         let Ok(decision) = self
             .limits
             .check(key.id, key.limits, &bans, ctx.now_ms)
             .await
         else {
+            metrics::REFUSALS
+                .with_label_values(&[plan, "unavailable"])
+                .inc();
             return Err(GatewayError::new(
                 ErrorCode::Unavailable,
                 "the shared limit store cannot be reached; retry shortly",
@@ -286,6 +299,9 @@ impl Gateway {
             .retry_after(Some(1)));
         };
         ctx.rate = Some(RateHeaders::for_key(&decision, &key.policy));
+        if decision.ban_imposed {
+            metrics::BANS.with_label_values(&[plan]).inc();
+        }
         let retry = decision.retry_after_secs(ctx.now_ms);
         let wait = retry.unwrap_or(1);
         let (code, message) = match decision.verdict {
@@ -311,6 +327,9 @@ impl Gateway {
                 ),
             ),
         };
+        metrics::REFUSALS
+            .with_label_values(&[plan, code.as_str()])
+            .inc();
         Err(GatewayError::new(code, message).retry_after(retry))
     }
 
@@ -400,6 +419,8 @@ impl ProxyHttp for Gateway {
             status: 0,
             error_code: None,
             cors: None,
+            answered: None,
+            upstream_started: None,
             key: None,
             route: None,
             body_bytes: 0,
@@ -423,16 +444,19 @@ impl ProxyHttp for Gateway {
             ctx.rate = Some(self.address_rate(self.failures.peek(client_ip(session), ctx.now_ms)));
             let policy = ctx.settings.cors.clone();
             ctx.cors = policy.and_then(|p| p.allowed_origin(session.req_header()));
+            ctx.answered = Some("pages");
             pages::serve(session, ctx, page).await?;
             return Ok(true);
         }
         match self.admit(session, ctx).await {
             Ok(Admission::Forward) => Ok(false),
             Ok(Admission::Preflight(policy)) => {
+                ctx.answered = Some("preflight");
                 pages::preflight(session, ctx, &policy).await?;
                 Ok(true)
             }
             Ok(Admission::RateLimit(key)) => {
+                ctx.answered = Some("rate_limit");
                 self.rate_limit(session, ctx, &key).await?;
                 Ok(true)
             }
@@ -462,6 +486,7 @@ impl ProxyHttp for Gateway {
         let Some(route) = &ctx.route else {
             return Error::e_explain(ErrorType::InternalError, "no route chosen");
         };
+        ctx.upstream_started = Some(Instant::now());
         let mut peer = match &route.tls {
             None => HttpPeer::new(route.upstream, false, String::new()),
             Some(tls) => {
@@ -508,6 +533,11 @@ impl ProxyHttp for Gateway {
         response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        if let (Some(started), Some(route)) = (ctx.upstream_started, &ctx.route) {
+            metrics::UPSTREAM_DURATION
+                .with_label_values(&[route.prefix.as_str()])
+                .observe(started.elapsed().as_secs_f64());
+        }
         headers::decorate(response, ctx)
     }
 
@@ -546,25 +576,49 @@ impl ProxyHttp for Gateway {
         let status = session
             .response_written()
             .map_or(ctx.status, |r| r.status.as_u16());
-        let outcome = ctx.error_code.map_or("proxied", ErrorCode::as_str);
+        let outcome = match (ctx.error_code, ctx.answered) {
+            (Some(code), _) => code.as_str(),
+            (None, Some(_)) => "answered",
+            (None, None) => "proxied",
+        };
+        let route = ctx
+            .answered
+            .or_else(|| ctx.route.as_ref().map(|r| r.prefix.as_str()))
+            .unwrap_or("none");
+        let request = session.req_header();
+        let method = metrics::method_label(&request.method);
         metrics::RESPONSES
-            .with_label_values(&[metrics::status_label(status), outcome])
+            .with_label_values(&[route, method, metrics::status_label(status), outcome])
             .inc();
-        metrics::DURATION.observe(ctx.started.elapsed().as_secs_f64());
-        if log::log_enabled!(target: "access", log::Level::Info) {
-            let request = session.req_header();
-            let key = ctx
-                .key
-                .as_ref()
-                .map_or_else(|| "-".to_owned(), |k| k.id.to_string());
-            log::info!(
-                target: "access",
-                "{} {} {} {status} key={key} id={} {:.1}ms",
-                client_ip(session),
-                request.method,
-                request.uri.path(),
-                ctx.request_id,
-                ctx.started.elapsed().as_secs_f64() * 1000.0
+        let elapsed = ctx.started.elapsed();
+        metrics::DURATION.observe(elapsed.as_secs_f64());
+        let format = ctx.settings.access_log;
+        if format != AccessLog::Off {
+            let forwarded = ctx.upstream_started.is_some();
+            access_log::write(
+                format,
+                &access_log::Entry {
+                    time_ms: ctx.now_ms,
+                    request_id: &ctx.request_id,
+                    client: client_ip(session),
+                    key_id: ctx.key.as_ref().map(|k| k.id.to_string()),
+                    plan: ctx.key.as_ref().and_then(|k| k.plan.to_str().ok()),
+                    method: request.method.as_str(),
+                    path: request.uri.path(),
+                    route,
+                    upstream: ctx
+                        .route
+                        .as_ref()
+                        .filter(|_| forwarded)
+                        .map(|r| r.upstream.to_string()),
+                    status,
+                    latency_ms: elapsed.as_secs_f64() * 1000.0,
+                    decision: if outcome == "proxied" {
+                        "admitted"
+                    } else {
+                        outcome
+                    },
+                },
             );
         }
     }

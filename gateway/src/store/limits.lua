@@ -6,7 +6,7 @@
 -- ARGV     now_ms, per_minute, per_day, ban threshold, ban base_ms, ban max_ms,
 --          ban repeat_window_ms, ttl_ms
 -- Returns  { verdict, window, remaining, reset_ms }: verdict 0 admitted, 1 rate limited,
---          2 quota exceeded, 3 banned; window 0 minute, 1 day.
+--          2 quota exceeded, 3 banned, 4 banned by this very request; window 0 minute, 1 day.
 -- Numbers are Lua doubles: exact up to 2^53, which bounds limits (see plans.rs MAX_LIMIT).
 
 local MINUTE_MS = 60000
@@ -79,7 +79,7 @@ else
     ban_last = now
     ban_until = now + length
     save()
-    return { 3, 0, 0, ban_until }
+    return { 4, 0, 0, ban_until }
   end
   if day_left == 0 then verdict = 2 else verdict = 1 end
 end

@@ -297,15 +297,13 @@ impl Fallback {
 }
 
 /// The script's reply as a decision: `(verdict, window, remaining, reset_ms)`.
-fn decision_from_reply(
-    (verdict, window, remaining, reset_ms): (u8, u8, u64, u64),
-    limits: Limits,
-) -> Result<Decision, RedisError> {
+fn decision_from_reply(reply: (u8, u8, u64, u64), limits: Limits) -> Result<Decision, RedisError> {
+    let (verdict, window, remaining, reset_ms) = reply;
     let verdict = match verdict {
         0 => Verdict::Admitted,
         1 => Verdict::RateLimited,
         2 => Verdict::QuotaExceeded,
-        3 => Verdict::Banned,
+        3 | 4 => Verdict::Banned,
         other => {
             return Err(RedisError::Command(format!(
                 "script answered verdict {other}"
@@ -325,6 +323,7 @@ fn decision_from_reply(
             remaining,
             reset_ms,
         },
+        ban_imposed: reply.0 == 4,
     })
 }
 
@@ -338,5 +337,6 @@ fn unlimited(limits: Limits, now_ms: u64) -> Decision {
             remaining: limits.per_minute,
             reset_ms: now_ms + MINUTE_MS,
         },
+        ban_imposed: false,
     }
 }

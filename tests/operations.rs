@@ -1,0 +1,150 @@
+//! What a platform team reads: `/metrics` with exact counts after known traffic, and the access
+//! log as one JSON object per line, through the real binary.
+
+mod common;
+
+use common::{PETS_ROUTE, Stack, client, key_id, metric};
+use serde_json::Value;
+
+#[tokio::test]
+async fn metrics_count_known_traffic_exactly_with_bounded_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let pro = stack.key(&["--plan", "pro"]);
+    let one = stack.enterprise_key(1, 1000);
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(stack.get(&c, "/v1/pets", &pro).await.status(), 200);
+    }
+    let created = c
+        .post(stack.url("/v1/pets"))
+        .bearer_auth(&pro)
+        .json(&serde_json::json!({"name": "Rex", "categoryId": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    c.get(stack.url("/v1/pets")).send().await.unwrap(); // no key
+    stack.get(&c, "/v1/pets", "as_0000000000000000_nope").await; // unknown key
+    stack.get(&c, "/v1/nothing/here", &pro).await; // no route
+    stack.get(&c, "/v1/rate_limit", &pro).await;
+    c.get(stack.url("/v1/docs")).send().await.unwrap();
+    // One admitted, ten refused for the minute, the eleventh imposes a ban, one more while banned.
+    for _ in 0..13 {
+        stack.get(&c, "/v1/pets", &one).await;
+    }
+
+    let m = |name: &str| metric(stack.admin, name);
+    let responses = |labels: &str| m(&format!("gateway_responses_total{{{labels}}}"));
+    assert_eq!(
+        responses(r#"method="GET",outcome="proxied",route="/v1/pets",status="200""#),
+        Some(4.0)
+    );
+    assert_eq!(
+        responses(r#"method="POST",outcome="proxied",route="/v1/pets",status="201""#),
+        Some(1.0)
+    );
+    assert_eq!(
+        responses(r#"method="GET",outcome="unauthorized",route="/v1/pets",status="401""#),
+        Some(2.0)
+    );
+    assert_eq!(
+        responses(r#"method="GET",outcome="not_found",route="none",status="404""#),
+        Some(1.0)
+    );
+    assert_eq!(
+        responses(r#"method="GET",outcome="answered",route="rate_limit",status="200""#),
+        Some(1.0)
+    );
+    assert_eq!(
+        responses(r#"method="GET",outcome="answered",route="pages",status="200""#),
+        Some(1.0)
+    );
+    assert_eq!(
+        responses(r#"method="GET",outcome="rate_limited",route="/v1/pets",status="429""#),
+        Some(10.0)
+    );
+    assert_eq!(
+        responses(r#"method="GET",outcome="key_banned",route="/v1/pets",status="429""#),
+        Some(2.0)
+    );
+    assert_eq!(
+        m(r#"gateway_refusals_total{plan="enterprise",reason="rate_limited"}"#),
+        Some(10.0)
+    );
+    assert_eq!(
+        m(r#"gateway_refusals_total{plan="enterprise",reason="key_banned"}"#),
+        Some(2.0)
+    );
+    assert_eq!(m(r#"gateway_bans_total{plan="enterprise"}"#), Some(1.0));
+    assert_eq!(
+        m(r#"gateway_auth_failures_total{reason="missing"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        m(r#"gateway_auth_failures_total{reason="unknown_key"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        m(r#"gateway_upstream_duration_seconds_count{route="/v1/pets"}"#),
+        Some(5.0)
+    );
+    let text = common::raw_http(
+        stack.admin,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .2;
+    assert!(!text.contains("/v1/nothing"), "paths never become labels");
+    assert!(!text.contains(key_id(&pro)), "keys never become labels");
+}
+
+#[tokio::test]
+async fn the_access_log_is_one_json_object_per_line_and_never_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start_with_text(dir.path(), &format!("access_log = \"json\"\n{PETS_ROUTE}"));
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+    let ok = stack.get(&c, "/v1/pets?limit=1", &key).await;
+    let ok_id = ok.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let refused = c.get(stack.url("/v1/pets")).send().await.unwrap();
+    let refused_id = refused.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let log = stack.proc.log_text();
+    let lines: Vec<Value> = log
+        .lines()
+        .filter_map(|l| l.split_once(" access] ").map(|(_, json)| json))
+        .map(|json| serde_json::from_str(json).expect("each access line is one JSON object"))
+        .collect();
+    let find = |id: &str| {
+        lines
+            .iter()
+            .find(|l| l["request_id"] == id)
+            .cloned()
+            .expect("logged")
+    };
+    let line = find(&ok_id);
+    assert_eq!(line["key_id"], key_id(&key));
+    assert_eq!(line["plan"], "pro");
+    assert_eq!(line["method"], "GET");
+    assert_eq!(line["path"], "/v1/pets", "no query string");
+    assert_eq!(line["route"], "/v1/pets");
+    assert_eq!(line["upstream"], stack.backend.to_string());
+    assert_eq!(line["status"], 200);
+    assert_eq!(line["decision"], "admitted");
+    assert_eq!(line["client"], "127.0.0.1");
+    assert!(line["latency_ms"].as_f64().unwrap() > 0.0);
+    assert!(line["time"].as_str().unwrap().ends_with('Z'));
+    let line = find(&refused_id);
+    assert_eq!(
+        (line["status"].as_u64(), line["decision"].as_str()),
+        (Some(401), Some("unauthorized"))
+    );
+    assert_eq!(line["key_id"], Value::Null);
+    assert!(
+        !log.contains(&key[20..]),
+        "the key's secret is never logged"
+    );
+}
