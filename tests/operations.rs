@@ -148,3 +148,101 @@ async fn the_access_log_is_one_json_object_per_line_and_never_names_the_key() {
         "the key's secret is never logged"
     );
 }
+
+/// Sends `n` requests with a bad key and `X-Forwarded-For: xff`; returns the last status.
+async fn bad_keys(stack: &Stack, c: &reqwest::Client, xff: &str, n: usize) -> u16 {
+    let mut status = 0;
+    for _ in 0..n {
+        status = c
+            .get(stack.url("/v1/pets"))
+            .bearer_auth("as_0000000000000000_nope")
+            .header("X-Forwarded-For", xff)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+    }
+    status
+}
+
+/// Behind a trusted load balancer each client has its own failed-auth budget; from anyone
+/// else `X-Forwarded-For` is not believed, so it cannot be used to dodge the budget. Upstream,
+/// the client address as the gateway judged it is appended.
+#[tokio::test]
+async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
+    let c = client();
+    // Trusted: the loopback peer is the load balancer.
+    let dir = tempfile::tempdir().unwrap();
+    let orders = common::TestUpstream::start(std::time::Duration::ZERO).await;
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!(
+            "trusted_proxies = [\"127.0.0.1/32\"]\naccess_log = \"json\"\n{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/echo\"\nupstream = \"{}\"\n",
+            orders.addr
+        ),
+    );
+    assert_eq!(bad_keys(&stack, &c, "203.0.113.7", 60).await, 401);
+    assert_eq!(
+        bad_keys(&stack, &c, "203.0.113.7", 1).await,
+        429,
+        "that client's budget is spent"
+    );
+    assert_eq!(
+        bad_keys(&stack, &c, "6.6.6.6, 198.51.100.8", 1).await,
+        401,
+        "another client still has its own"
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let r = c
+        .get(stack.url("/v1/echo/x"))
+        .bearer_auth(&key)
+        .header("X-Forwarded-For", "198.51.100.8")
+        .send()
+        .await
+        .unwrap();
+    let echo: Value = r.json().await.unwrap();
+    assert_eq!(
+        echo["headers"]["x-forwarded-for"], "198.51.100.8, 198.51.100.8",
+        "the client, appended"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        stack.proc.log_text().contains(r#""client":"198.51.100.8""#),
+        "the access log names the client"
+    );
+
+    // Not trusted (the default): the header changes nothing, and upstream never sees it.
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!(
+            "{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/echo\"\nupstream = \"{}\"\n",
+            orders.addr
+        ),
+    );
+    for i in 0..60 {
+        assert_eq!(
+            bad_keys(&stack, &c, &format!("203.0.113.{i}"), 1).await,
+            401
+        );
+    }
+    assert_eq!(
+        bad_keys(&stack, &c, "198.51.100.99", 1).await,
+        429,
+        "a forged header does not dodge the budget"
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let r = c
+        .get(stack.url("/v1/echo/x"))
+        .bearer_auth(&key)
+        .header("X-Forwarded-For", "1.2.3.4")
+        .send()
+        .await
+        .unwrap();
+    let echo: Value = r.json().await.unwrap();
+    assert_eq!(
+        echo["headers"]["x-forwarded-for"], "1.2.3.4, 127.0.0.1",
+        "the peer is the client, appended"
+    );
+}

@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::access_log::AccessLog;
 use crate::bans::BanPolicy;
+use crate::client::TrustedProxies;
 use crate::cors::CorsPolicy;
 use crate::deprecation::{AfterSunset, Deprecation};
 use crate::plans::{MAX_LIMIT, Plans};
@@ -87,6 +88,8 @@ pub struct GatewayConfig {
     pub cors: CorsConfig,
     /// The access log: `off`, `text` or `json` (one object per line).
     pub access_log: AccessLog,
+    /// Load balancers (CIDRs) whose `X-Forwarded-For` is believed; empty: none.
+    pub trusted_proxies: Vec<String>,
     /// The address clients use for this API, e.g. `https://api.example.com`; links the gateway
     /// writes (a deprecation's documentation, the docs page) are built from it, so they are
     /// right behind a load balancer or a TLS terminator. Unset: `http://<listen>`.
@@ -180,6 +183,7 @@ impl Default for GatewayConfig {
             tls: TlsConfig::default(),
             cors: CorsConfig::default(),
             access_log: AccessLog::Off,
+            trusted_proxies: Vec::new(),
             public_url: None,
         }
     }
@@ -301,6 +305,8 @@ pub struct Settings {
     pub public_url: String,
     /// The access log's format, or off.
     pub access_log: AccessLog,
+    /// Whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: TrustedProxies,
 }
 
 /// Validated `[gateway.redis]`.
@@ -416,6 +422,8 @@ impl Settings {
             cors,
             public_url,
             access_log: config.access_log,
+            trusted_proxies: TrustedProxies::parse(&config.trusted_proxies)
+                .map_err(|e| format!("gateway.trusted_proxies: {e}"))?,
         })
     }
 }

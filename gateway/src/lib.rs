@@ -9,6 +9,7 @@ pub mod access_log;
 pub mod admin;
 pub mod auth;
 pub mod bans;
+pub mod client;
 pub mod config;
 pub mod cors;
 pub mod deprecation;

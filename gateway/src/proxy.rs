@@ -32,6 +32,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::access_log::{self, AccessLog};
 use crate::auth::{Budget, FailureBudget, authorize};
+use crate::client::TrustedProxies;
 use crate::config::{MAX_HEADERS, Settings};
 use crate::cors::{self, CorsPolicy};
 use crate::deprecation::Deprecation;
@@ -80,6 +81,8 @@ pub struct Ctx {
     /// The configuration in force when the request arrived, used to its end: a reload never
     /// shows one request half of two configurations.
     pub settings: Arc<Settings>,
+    /// The client's address (see [`crate::client`]); unspecified until the request is read.
+    pub client: IpAddr,
     /// Returned to the client and forwarded upstream.
     pub request_id: String,
     /// Unix milliseconds when the request was decided on.
@@ -150,7 +153,7 @@ impl Gateway {
     ) -> std::result::Result<Admission, GatewayError> {
         ctx.now_ms = unix_ms();
         let settings = ctx.settings.clone();
-        let ip = client_ip(session);
+        let ip = ctx.client;
         let unroutable = self.normalize(session).map_err(str::to_owned);
         let request = session.req_header();
         if let Err(why) = unroutable.and_then(|()| check_headers(request, &settings)) {
@@ -398,7 +401,8 @@ fn next_request_id() -> String {
     )
 }
 
-fn client_ip(session: &Session) -> IpAddr {
+/// The TCP peer's address.
+fn peer_ip(session: &Session) -> IpAddr {
     session
         .client_addr()
         .and_then(|a| a.as_inet())
@@ -412,6 +416,7 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> Ctx {
         Ctx {
             settings: self.live.load_full(),
+            client: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             request_id: next_request_id(),
             now_ms: 0,
             rate: None,
@@ -438,10 +443,15 @@ impl ProxyHttp for Gateway {
         if session.get_keepalive().is_some() {
             session.set_keepalive(Some(ctx.settings.keepalive_timeout.as_secs()));
         }
+        let forwarded = session.req_header().headers.get_all("X-Forwarded-For");
+        ctx.client = ctx.settings.trusted_proxies.client(
+            peer_ip(session),
+            forwarded.iter().map(HeaderValue::as_bytes),
+        );
         if let Some(page) = pages::public_page(session.req_header()) {
             // The API's pages are public: no key, nothing counted against one.
             ctx.now_ms = unix_ms();
-            ctx.rate = Some(self.address_rate(self.failures.peek(client_ip(session), ctx.now_ms)));
+            ctx.rate = Some(self.address_rate(self.failures.peek(ctx.client, ctx.now_ms)));
             let policy = ctx.settings.cors.clone();
             ctx.cors = policy.and_then(|p| p.allowed_origin(session.req_header()));
             ctx.answered = Some("pages");
@@ -504,21 +514,17 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_request_filter(
         &self,
-        session: &mut Session,
+        _session: &mut Session,
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
         upstream.remove_header(&http::header::AUTHORIZATION);
         upstream.insert_header("X-Request-Id", &ctx.request_id)?;
-        let ip = client_ip(session).to_string();
-        let forwarded = match upstream
+        let received = upstream
             .headers
             .get("X-Forwarded-For")
-            .and_then(|v| v.to_str().ok())
-        {
-            Some(earlier) => format!("{earlier}, {ip}"),
-            None => ip,
-        };
+            .and_then(|v| v.to_str().ok());
+        let forwarded = TrustedProxies::forward(ctx.client, received);
         upstream.insert_header("X-Forwarded-For", forwarded)?;
         if let Some(key) = &ctx.key {
             upstream.insert_header("X-Api-Key-Id", key.id_header.clone())?;
@@ -600,7 +606,11 @@ impl ProxyHttp for Gateway {
                 &access_log::Entry {
                     time_ms: ctx.now_ms,
                     request_id: &ctx.request_id,
-                    client: client_ip(session),
+                    client: if ctx.client.is_unspecified() {
+                        peer_ip(session)
+                    } else {
+                        ctx.client
+                    },
                     key_id: ctx.key.as_ref().map(|k| k.id.to_string()),
                     plan: ctx.key.as_ref().and_then(|k| k.plan.to_str().ok()),
                     method: request.method.as_str(),

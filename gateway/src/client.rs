@@ -1,0 +1,150 @@
+//! The client's address, behind load balancers too (`gateway.trusted_proxies`).
+//!
+//! The address is the TCP peer's, unless the peer is a trusted proxy: then it is the rightmost
+//! `X-Forwarded-For` entry that is not itself trusted (entries to its right were added by
+//! trusted hops; entries to its left were written by the client and prove nothing). With no
+//! trusted proxies, `X-Forwarded-For` from clients is never believed, so it cannot be spoofed to
+//! dodge the failed-authentication budget. That address is the one the budget, the access log
+//! and metrics use.
+//!
+//! Upstream, the gateway appends that same address to the `X-Forwarded-For` it received (as
+//! nginx does with its realip module), so the rightmost entry an upstream sees is the client as
+//! the gateway judged it.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+/// The proxies whose `X-Forwarded-For` is believed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<IpNet>);
+
+impl TrustedProxies {
+    /// Parses CIDRs (`10.0.0.0/8`, `192.0.2.7/32`, `::1/128`) or single addresses.
+    pub fn parse(list: &[String]) -> Result<TrustedProxies, String> {
+        list.iter()
+            .map(|text| {
+                text.parse::<IpNet>()
+                    .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| format!("`{text}` is not a CIDR like 10.0.0.0/8 or an address"))
+            })
+            .collect::<Result<_, _>>()
+            .map(TrustedProxies)
+    }
+
+    /// Whether `ip` is a trusted proxy.
+    pub fn trusts(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.0.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client address of a request from `peer` carrying these `X-Forwarded-For` values.
+    pub fn client<'a>(&self, peer: IpAddr, forwarded: impl Iterator<Item = &'a [u8]>) -> IpAddr {
+        if !self.trusts(peer) {
+            return peer;
+        }
+        let values: Vec<&[u8]> = forwarded.collect();
+        let entries = values
+            .iter()
+            .flat_map(|v| std::str::from_utf8(v).unwrap_or("!").split(','))
+            .rev();
+        for entry in entries {
+            match entry.trim().parse::<IpAddr>() {
+                Ok(ip) if self.trusts(ip) => continue,
+                Ok(ip) => return canonical(ip),
+                // A hop wrote something that is not an address: nothing left of it is known.
+                Err(_) => return peer,
+            }
+        }
+        peer
+    }
+
+    /// The `X-Forwarded-For` to send upstream: what was `received`, then the `client`.
+    pub fn forward(client: IpAddr, received: Option<&str>) -> String {
+        match received {
+            Some(earlier) if !earlier.trim().is_empty() => format!("{earlier}, {client}"),
+            _ => client.to_string(),
+        }
+    }
+}
+
+/// IPv4-mapped IPv6 addresses as the IPv4 address they are.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn trusted(list: &[&str]) -> TrustedProxies {
+        TrustedProxies::parse(&list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).unwrap()
+    }
+
+    #[test]
+    fn the_client_is_the_rightmost_untrusted_hop_and_only_behind_trusted_peers() {
+        let lb = trusted(&["10.0.0.0/8", "192.0.2.1"]);
+        let xff = |v: &'static str| std::iter::once(v.as_bytes());
+        // From the load balancer: the rightmost entry it did not add.
+        assert_eq!(
+            lb.client(ip("10.1.2.3"), xff("203.0.113.9")),
+            ip("203.0.113.9")
+        );
+        assert_eq!(
+            lb.client(ip("10.1.2.3"), xff("6.6.6.6, 203.0.113.9, 10.0.0.5")),
+            ip("203.0.113.9"),
+            "the spoofed leftmost entry is ignored"
+        );
+        // Several header lines count as one list, in order.
+        let lines = [b"6.6.6.6".as_slice(), b"203.0.113.9, 192.0.2.1".as_slice()];
+        assert_eq!(
+            lb.client(ip("10.1.2.3"), lines.into_iter()),
+            ip("203.0.113.9")
+        );
+        // From anyone else the header is not believed.
+        assert_eq!(
+            lb.client(ip("198.51.100.4"), xff("203.0.113.9")),
+            ip("198.51.100.4")
+        );
+        assert_eq!(
+            TrustedProxies::default().client(ip("127.0.0.1"), xff("1.2.3.4")),
+            ip("127.0.0.1")
+        );
+        // Nothing usable: the peer.
+        assert_eq!(
+            lb.client(ip("10.1.2.3"), std::iter::empty()),
+            ip("10.1.2.3")
+        );
+        assert_eq!(lb.client(ip("10.1.2.3"), xff("unknown")), ip("10.1.2.3"));
+        assert_eq!(lb.client(ip("10.1.2.3"), xff("10.0.0.9")), ip("10.1.2.3"));
+    }
+
+    #[test]
+    fn upstream_sees_the_client_appended() {
+        let forward = TrustedProxies::forward;
+        assert_eq!(
+            forward(ip("203.0.113.9"), Some("203.0.113.9")),
+            "203.0.113.9, 203.0.113.9"
+        );
+        assert_eq!(
+            forward(ip("198.51.100.4"), Some("1.2.3.4")),
+            "1.2.3.4, 198.51.100.4"
+        );
+        assert_eq!(forward(ip("10.0.0.2"), None), "10.0.0.2");
+    }
+
+    #[test]
+    fn bad_entries_are_refused_at_start() {
+        assert!(TrustedProxies::parse(&["10.0.0.0/33".to_owned()]).is_err());
+        assert!(TrustedProxies::parse(&["lb.internal".to_owned()]).is_err());
+        assert!(trusted(&["::ffff:10.0.0.0/104"]).trusts(ip("::1")) == false);
+        assert!(trusted(&["10.0.0.0/8"]).trusts(ip("::ffff:10.0.0.1")));
+    }
+}
