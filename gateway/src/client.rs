@@ -144,7 +144,7 @@ mod tests {
     fn bad_entries_are_refused_at_start() {
         assert!(TrustedProxies::parse(&["10.0.0.0/33".to_owned()]).is_err());
         assert!(TrustedProxies::parse(&["lb.internal".to_owned()]).is_err());
-        assert!(trusted(&["::ffff:10.0.0.0/104"]).trusts(ip("::1")) == false);
+        assert!(!trusted(&["::ffff:10.0.0.0/104"]).trusts(ip("::1")));
         assert!(trusted(&["10.0.0.0/8"]).trusts(ip("::ffff:10.0.0.1")));
     }
 }
