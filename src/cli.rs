@@ -56,9 +56,26 @@ pub enum KeysCommand {
         /// Requests per UTC day, overriding the plan (required for enterprise).
         #[arg(long)]
         per_day: Option<u64>,
+        /// The key stops working after this long (`90d`, `12h`, `30m`).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        expires_in: Option<std::time::Duration>,
     },
-    /// One line per key: id, name, plan, limits, created, revoked. Never the key.
-    List,
+    /// Issue a successor key, printed alone on stdout; the old key keeps working for the
+    /// overlap, then stops. Both share one set of counters, quotas and bans.
+    Rotate {
+        /// The key id (as in `keys list`) or the full key.
+        id_or_key: String,
+        /// How long the old key keeps working beside the new one.
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        overlap: std::time::Duration,
+    },
+    /// One line per key: id, name, plan, limits, created, expires, last used (to the minute),
+    /// revoked, successor. Never the key.
+    List {
+        /// One JSON array of objects instead, for scripts.
+        #[arg(long)]
+        json: bool,
+    },
     /// Revoke a key, by its id or by the key itself.
     Revoke {
         /// The key id (as in `keys list`) or the full key.

@@ -16,30 +16,69 @@ pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
             name,
             per_minute,
             per_day,
+            expires_in,
         } => {
-            let (record, key) =
-                store.blocking(store.create(plans, &plan, name, per_minute, per_day))?;
+            let (record, key) = store
+                .blocking(store.create(plans, &plan, name, per_minute, per_day, expires_in))?;
             eprintln!(
                 "issued key {} on plan {}; it is shown only this once",
                 record.id, record.plan
             );
             println!("{key}");
         }
-        KeysCommand::List => {
-            for r in store.blocking(store.load())? {
-                let limits = plans.resolve(&r.plan, r.per_minute, r.per_day);
-                let (per_minute, per_day) = match limits {
-                    Ok(l) => (l.per_minute.to_string(), l.per_day.to_string()),
-                    Err(_) => ("?".to_owned(), "?".to_owned()),
-                };
-                println!(
-                    "{}\tname={}\tplan={}\tper_minute={per_minute}\tper_day={per_day}\tcreated={}\trevoked={}",
-                    r.id,
-                    r.name.as_deref().unwrap_or("-"),
-                    r.plan,
-                    timestamp(r.created),
-                    r.revoked.map_or_else(|| "-".to_owned(), timestamp),
-                );
+        KeysCommand::Rotate { id_or_key, overlap } => {
+            let (record, key) = store.blocking(store.rotate(&id_or_key, overlap))?;
+            eprintln!(
+                "issued key {} to succeed the one given; it is shown only this once. The old key works for {} more",
+                record.id,
+                humantime::format_duration(overlap)
+            );
+            println!("{key}");
+        }
+        KeysCommand::List { json } => {
+            let records = store.blocking(store.load())?;
+            let used = store.blocking(store.last_used()).unwrap_or_default();
+            let rows: Vec<serde_json::Value> = records
+                .iter()
+                .map(|r| {
+                    let limits = plans.resolve(&r.plan, r.per_minute, r.per_day).ok();
+                    serde_json::json!({
+                        "id": r.id,
+                        "name": r.name,
+                        "plan": r.plan,
+                        "per_minute": limits.map(|l| l.per_minute),
+                        "per_day": limits.map(|l| l.per_day),
+                        "created": timestamp(r.created),
+                        "expires": r.expires.map(timestamp),
+                        "last_used": used.get(&r.id).copied().map(timestamp),
+                        "revoked": r.revoked.map(timestamp),
+                        "successor": r.successor,
+                    })
+                })
+                .collect();
+            if json {
+                println!("{}", serde_json::Value::Array(rows));
+            } else {
+                for row in rows {
+                    let text = |field: &str| match &row[field] {
+                        serde_json::Value::Null => "-".to_owned(),
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    println!(
+                        "{}\tname={}\tplan={}\tper_minute={}\tper_day={}\tcreated={}\texpires={}\tlast_used={}\trevoked={}\tsuccessor={}",
+                        text("id"),
+                        text("name"),
+                        text("plan"),
+                        text("per_minute"),
+                        text("per_day"),
+                        text("created"),
+                        text("expires"),
+                        text("last_used"),
+                        text("revoked"),
+                        text("successor")
+                    );
+                }
             }
         }
         KeysCommand::Revoke { id_or_key } => {
@@ -50,6 +89,7 @@ pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Unix seconds as RFC 3339 UTC, to the second (last use is recorded to the minute).
 fn timestamp(unix: u64) -> String {
     humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix))
         .to_string()

@@ -194,6 +194,7 @@ fn issue_first_key(config: &FileConfig, settings: &Settings) -> anyhow::Result<(
         Some("first-run".to_owned()),
         None,
         None,
+        None,
     ))?;
     println!(
         "No API keys yet, so one Free-plan key was issued (id {}). It is shown only this once:\n\n    {key}\n\nTry it:\n\n    curl -i -H 'Authorization: Bearer {key}' {url}/v1/pets\n\nThe API's reference is at {url}/v1/docs\n",

@@ -23,6 +23,8 @@ pub enum AuthFailure {
     Malformed,
     /// A well-formed header whose key is unknown or revoked.
     UnknownKey,
+    /// The key was valid and has expired.
+    Expired,
 }
 
 impl AuthFailure {
@@ -32,6 +34,7 @@ impl AuthFailure {
             AuthFailure::Missing => "missing",
             AuthFailure::Malformed => "malformed",
             AuthFailure::UnknownKey => "unknown_key",
+            AuthFailure::Expired => "expired",
         }
     }
 
@@ -41,12 +44,17 @@ impl AuthFailure {
             AuthFailure::Missing => "an API key is required: send `Authorization: Bearer <key>`",
             AuthFailure::Malformed => "the Authorization header must be `Bearer <key>`",
             AuthFailure::UnknownKey => "the API key is not valid or has been revoked",
+            AuthFailure::Expired => "the API key has expired; ask for a new one",
         }
     }
 }
 
-/// The key a request authenticates with, or why it does not.
-pub fn authorize(header: Option<&[u8]>, keys: &KeySet) -> Result<Arc<ActiveKey>, AuthFailure> {
+/// The key a request authenticates with at `now_ms`, or why it does not.
+pub fn authorize(
+    header: Option<&[u8]>,
+    keys: &KeySet,
+    now_ms: u64,
+) -> Result<Arc<ActiveKey>, AuthFailure> {
     let header = header.ok_or(AuthFailure::Missing)?;
     let text = std::str::from_utf8(header).map_err(|_| AuthFailure::Malformed)?;
     let (scheme, token) = text.trim().split_once(' ').ok_or(AuthFailure::Malformed)?;
@@ -57,7 +65,11 @@ pub fn authorize(header: Option<&[u8]>, keys: &KeySet) -> Result<Arc<ActiveKey>,
     {
         return Err(AuthFailure::Malformed);
     }
-    keys.find(token).cloned().ok_or(AuthFailure::UnknownKey)
+    let key = keys.find(token).ok_or(AuthFailure::UnknownKey)?;
+    if key.expired(now_ms) {
+        return Err(AuthFailure::Expired);
+    }
+    Ok(key.clone())
 }
 
 /// The state of an address's failure budget, for the rate-limit headers of 401 and 429.
@@ -145,11 +157,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = KeyStore::new(dir.path());
         let (_, key) = store
-            .create(&Plans::defaults(), "free", None, None, None)
+            .create(&Plans::defaults(), "free", None, None, None, None)
             .unwrap();
         let keys = KeySet::build(&store.load().unwrap(), &Plans::defaults());
         let auth = |h: &str| {
-            authorize(Some(h.as_bytes()), &keys).map(|k| k.plan.to_str().unwrap().to_owned())
+            authorize(Some(h.as_bytes()), &keys, 0).map(|k| k.plan.to_str().unwrap().to_owned())
         };
         assert_eq!(auth(&format!("Bearer {key}")), Ok("free".to_owned()));
         assert_eq!(auth(&format!("bearer {key}")), Ok("free".to_owned()));
@@ -166,9 +178,9 @@ mod tests {
             Err(AuthFailure::UnknownKey)
         );
         assert_eq!(auth("Bearer nonsense"), Err(AuthFailure::UnknownKey));
-        assert_eq!(authorize(None, &keys).unwrap_err(), AuthFailure::Missing);
+        assert_eq!(authorize(None, &keys, 0).unwrap_err(), AuthFailure::Missing);
         assert_eq!(
-            authorize(Some(b"Bearer \xff\xfe"), &keys).unwrap_err(),
+            authorize(Some(b"Bearer \xff\xfe"), &keys, 0).unwrap_err(),
             AuthFailure::Malformed
         );
     }
@@ -196,7 +208,7 @@ mod tests {
         #[test]
         fn arbitrary_headers_never_panic(header in proptest::collection::vec(any::<u8>(), 0..200)) {
             let keys = KeySet::default();
-            prop_assert!(authorize(Some(&header), &keys).is_err());
+            prop_assert!(authorize(Some(&header), &keys, 0).is_err());
         }
     }
 }

@@ -17,7 +17,7 @@ use futures_util::FutureExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::keys::{KeyError, KeyRecord, KeySet, KeyStore, new_key, revoke_in};
+use crate::keys::{KeyError, KeyId, KeyRecord, KeySet, KeyStore, new_key, revoke_in, rotate_in};
 use crate::metrics;
 use crate::plans::Plans;
 use crate::redis_keys::RedisKeyStore;
@@ -66,11 +66,14 @@ impl KeySource {
         name: Option<String>,
         per_minute: Option<u64>,
         per_day: Option<u64>,
+        expires_in: Option<Duration>,
     ) -> Result<(KeyRecord, String), KeyError> {
         match self {
-            KeySource::File(store) => store.create(plans, plan, name, per_minute, per_day),
+            KeySource::File(store) => {
+                store.create(plans, plan, name, per_minute, per_day, expires_in)
+            }
             KeySource::Redis { store, .. } => {
-                let (record, key) = new_key(plans, plan, name, per_minute, per_day)?;
+                let (record, key) = new_key(plans, plan, name, per_minute, per_day, expires_in)?;
                 store
                     .update(|keys| {
                         keys.push(record.clone());
@@ -96,6 +99,42 @@ impl KeySource {
                     .await?;
                 Ok(revoked.expect("set by the update"))
             }
+        }
+    }
+
+    /// Issues the successor of a key, sharing its counters; the old key works for `overlap`.
+    pub async fn rotate(
+        &self,
+        id_or_key: &str,
+        overlap: Duration,
+    ) -> Result<(KeyRecord, String), KeyError> {
+        match self {
+            KeySource::File(store) => store.rotate(id_or_key, overlap),
+            KeySource::Redis { store, .. } => {
+                let mut rotated = None;
+                store
+                    .update(|keys| {
+                        rotated = Some(rotate_in(keys, id_or_key, overlap)?);
+                        Ok(())
+                    })
+                    .await?;
+                Ok(rotated.expect("set by the update"))
+            }
+        }
+    }
+
+    /// When each key was last used (Unix seconds, to the minute).
+    pub async fn last_used(&self) -> Result<std::collections::HashMap<String, u64>, KeyError> {
+        match self {
+            KeySource::File(store) => Ok(store.last_used()),
+            KeySource::Redis { store, .. } => store.last_used().await,
+        }
+    }
+
+    async fn record_use(&self, uses: &[(String, u64)]) -> Result<(), KeyError> {
+        match self {
+            KeySource::File(store) => store.record_use(uses),
+            KeySource::Redis { store, .. } => store.record_use(uses).await,
         }
     }
 
@@ -149,6 +188,8 @@ impl KeySource {
 pub struct Keyring {
     source: KeySource,
     plans: Mutex<Plans>,
+    /// The last use of each key already written to the store (Unix minutes).
+    recorded: Mutex<std::collections::HashMap<KeyId, u64>>,
     current: ArcSwap<KeySet>,
     stamp: Mutex<Stamp>,
     interval: Duration,
@@ -177,6 +218,7 @@ impl Keyring {
         };
         let set = KeySet::build(&records, &plans);
         metrics::ACTIVE_KEYS.set(set.len() as i64);
+        metrics::KEY_LOADS.inc();
         log::info!(
             "gateway: {} usable keys loaded from {}",
             set.len(),
@@ -185,6 +227,7 @@ impl Keyring {
         Ok(Arc::new(Keyring {
             source,
             plans: Mutex::new(plans),
+            recorded: Mutex::new(std::collections::HashMap::new()),
             current: ArcSwap::from_pointee(set),
             stamp: Mutex::new(stamp),
             interval,
@@ -206,8 +249,19 @@ impl Keyring {
             Ok((stamp, records)) => {
                 let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let set = KeySet::build(&records, &plans);
+                // Uses seen by the set being replaced are not lost with it.
+                for old in self.current().keys() {
+                    let minute = old
+                        .last_used_minute
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                    if let Some(new) = set.get(old.id) {
+                        new.last_used_minute
+                            .fetch_max(minute, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
                 log::info!("gateway: key store changed; {} usable keys", set.len());
                 metrics::ACTIVE_KEYS.set(set.len() as i64);
+                metrics::KEY_LOADS.inc();
                 self.current.store(Arc::new(set));
                 *self.last_stamp() = stamp;
             }
@@ -218,6 +272,26 @@ impl Keyring {
                 }
                 *self.last_stamp() = Stamp::Unknown;
             }
+        }
+    }
+
+    /// Writes the keys' last uses seen since the last call to the store, to the minute.
+    pub async fn record_uses(&self) {
+        let uses: Vec<(String, u64)> = {
+            let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+            self.current()
+                .keys()
+                .filter_map(|k| {
+                    let minute = k
+                        .last_used_minute
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                    let before = recorded.insert(k.id, minute).unwrap_or(0);
+                    (minute > before).then(|| (k.id.to_string(), minute * 60))
+                })
+                .collect()
+        };
+        if let Err(e) = self.source.record_use(&uses).await {
+            log::warn!("gateway: could not record when keys were last used: {e}");
         }
     }
 
@@ -239,17 +313,26 @@ fn file_stamp(store: &KeyStore) -> Option<(u64, u64, i64, i64)> {
     Some((meta.ino(), meta.size(), meta.mtime(), meta.mtime_nsec()))
 }
 
-/// Runs [`Keyring::refresh`] every interval until shutdown.
+/// How often the keys' last uses are written to the store.
+const RECORD_USES_EVERY: Duration = Duration::from_secs(60);
+
+/// Runs [`Keyring::refresh`] every interval, and [`Keyring::record_uses`] every minute and at
+/// shutdown.
 pub struct KeyRefresh(pub Arc<Keyring>);
 
 #[async_trait]
 impl BackgroundService for KeyRefresh {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(self.0.interval);
+        let mut uses = tokio::time::interval(RECORD_USES_EVERY);
         loop {
             tokio::select! {
-                _ = shutdown.changed() => return,
+                _ = shutdown.changed() => {
+                    self.0.record_uses().await;
+                    return;
+                }
                 _ = tick.tick() => self.0.refresh().await,
+                _ = uses.tick() => self.0.record_uses().await,
             }
         }
     }

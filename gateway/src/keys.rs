@@ -24,6 +24,9 @@ use crate::plans::{Limits, Plans};
 
 /// File name of the key store inside the data directory.
 pub const KEYS_FILE: &str = "keys.json";
+/// File name of the keys' last use, beside the key store: kept apart so that recording a use
+/// never looks like a change of keys to a running gateway.
+pub const LAST_USED_FILE: &str = "keys-last-used.json";
 const PREFIX: &str = "as_";
 const ID_BYTES: usize = 8;
 const SECRET_BYTES: usize = 32;
@@ -112,6 +115,7 @@ pub fn new_key(
     name: Option<String>,
     per_minute: Option<u64>,
     per_day: Option<u64>,
+    expires_in: Option<std::time::Duration>,
 ) -> Result<(KeyRecord, String), KeyError> {
     plans
         .resolve(plan, per_minute, per_day)
@@ -126,22 +130,75 @@ pub fn new_key(
         sha256: hex::encode(hash_key(&key)),
         created: unix_now(),
         revoked: None,
+        expires: expires_in.map(|d| unix_now() + d.as_secs().max(1)),
+        successor: None,
+        counters: None,
     };
     Ok((record, key))
 }
 
-/// Marks the record named by an id or by the key itself revoked; returns it.
-pub fn revoke_in(keys: &mut [KeyRecord], id_or_key: &str) -> Result<KeyRecord, KeyError> {
+/// Issues the successor of the usable key named by an id or by the key itself: same name, plan
+/// and limits, sharing its counters; the old key keeps working for `overlap`, then expires.
+/// Returns the successor's record and key.
+pub fn rotate_in(
+    keys: &mut Vec<KeyRecord>,
+    id_or_key: &str,
+    overlap: std::time::Duration,
+) -> Result<(KeyRecord, String), KeyError> {
+    let now = unix_now();
+    let index = find_index(keys, id_or_key)?;
+    let old = &keys[index];
+    if !old.usable(now) {
+        return Err(KeyError::NotFound(format!(
+            "{} (revoked or expired)",
+            old.id
+        )));
+    }
+    if let Some(successor) = &old.successor {
+        return Err(KeyError::Plan(format!(
+            "key {} was already rotated to {successor}; rotate that one",
+            old.id
+        )));
+    }
+    let (id, key) = generate()?;
+    let record = KeyRecord {
+        id: id.to_string(),
+        name: old.name.clone(),
+        plan: old.plan.clone(),
+        per_minute: old.per_minute,
+        per_day: old.per_day,
+        sha256: hex::encode(hash_key(&key)),
+        created: now,
+        revoked: None,
+        expires: old.expires,
+        successor: None,
+        counters: Some(old.counters.clone().unwrap_or_else(|| old.id.clone())),
+    };
+    let old = &mut keys[index];
+    let end = now + overlap.as_secs();
+    old.expires = Some(old.expires.map_or(end, |e| e.min(end)));
+    old.successor = Some(record.id.clone());
+    keys.push(record.clone());
+    Ok((record, key))
+}
+
+/// The index of the record named by an id or by the key itself.
+fn find_index(keys: &[KeyRecord], id_or_key: &str) -> Result<usize, KeyError> {
     let (id, hash) = match id_of_key(id_or_key) {
         Some(id) => (id.to_string(), Some(hex::encode(hash_key(id_or_key)))),
         None => (id_or_key.to_ascii_lowercase(), None),
     };
     // Never echo a full key back, not even in an error.
     let shown = KeyId::parse(&id).map_or_else(|| "with that id".to_owned(), |id| id.to_string());
-    let record = keys
-        .iter_mut()
-        .find(|r| r.id == id && hash.as_ref().is_none_or(|h| *h == r.sha256))
-        .ok_or(KeyError::NotFound(shown))?;
+    keys.iter()
+        .position(|r| r.id == id && hash.as_ref().is_none_or(|h| *h == r.sha256))
+        .ok_or(KeyError::NotFound(shown))
+}
+
+/// Marks the record named by an id or by the key itself revoked; returns it.
+pub fn revoke_in(keys: &mut [KeyRecord], id_or_key: &str) -> Result<KeyRecord, KeyError> {
+    let index = find_index(keys, id_or_key)?;
+    let record = &mut keys[index];
     record.revoked.get_or_insert_with(unix_now);
     Ok(record.clone())
 }
@@ -166,6 +223,23 @@ pub struct KeyRecord {
     pub created: u64,
     /// Unix seconds at revocation, if revoked.
     pub revoked: Option<u64>,
+    /// Unix seconds after which the key stops working, if it expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<u64>,
+    /// The id of the key that replaced this one (`keys rotate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub successor: Option<String>,
+    /// The id whose counters, quotas and bans this key shares: its first predecessor's, so a
+    /// rotation never resets a limit. Absent: the key's own id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<String>,
+}
+
+impl KeyRecord {
+    /// Whether the key is usable at `now` (Unix seconds): not revoked, not expired.
+    pub fn usable(&self, now: u64) -> bool {
+        self.revoked.is_none() && self.expires.is_none_or(|e| now < e)
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -222,8 +296,9 @@ impl KeyStore {
         name: Option<String>,
         per_minute: Option<u64>,
         per_day: Option<u64>,
+        expires_in: Option<std::time::Duration>,
     ) -> Result<(KeyRecord, String), KeyError> {
-        let (record, key) = new_key(plans, plan, name, per_minute, per_day)?;
+        let (record, key) = new_key(plans, plan, name, per_minute, per_day, expires_in)?;
         self.update(|keys| {
             keys.push(record.clone());
             Ok(())
@@ -239,6 +314,46 @@ impl KeyStore {
             Ok(())
         })?;
         Ok(revoked.expect("set by the update"))
+    }
+
+    /// Issues the successor of a key (see [`rotate_in`]).
+    pub fn rotate(
+        &self,
+        id_or_key: &str,
+        overlap: std::time::Duration,
+    ) -> Result<(KeyRecord, String), KeyError> {
+        let mut rotated = None;
+        self.update(|keys| {
+            rotated = Some(rotate_in(keys, id_or_key, overlap)?);
+            Ok(())
+        })?;
+        Ok(rotated.expect("set by the update"))
+    }
+
+    /// When each key was last used (Unix seconds, to the minute), from `keys-last-used.json`.
+    pub fn last_used(&self) -> HashMap<String, u64> {
+        fs::read(self.last_used_path())
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default()
+    }
+
+    /// Records uses (key id, Unix seconds), keeping the later of old and new.
+    pub fn record_use(&self, uses: &[(String, u64)]) -> Result<(), KeyError> {
+        let mut all = self.last_used();
+        for (id, at) in uses {
+            let entry = all.entry(id.clone()).or_insert(0);
+            *entry = (*entry).max(*at);
+        }
+        let path = self.last_used_path();
+        let tmp = path.with_extension("json.tmp");
+        fs::write(&tmp, serde_json::to_vec(&all).expect("a map serializes"))
+            .and_then(|()| fs::rename(&tmp, &path))
+            .map_err(|e| self.io(e))
+    }
+
+    fn last_used_path(&self) -> PathBuf {
+        self.path.with_file_name(LAST_USED_FILE)
     }
 
     /// Replaces every record (a local copy of another store's keys).
@@ -300,7 +415,31 @@ pub struct ActiveKey {
     pub policy: http::HeaderValue,
     /// The id as forwarded upstream in `X-Api-Key-Id`, rendered once.
     pub id_header: http::HeaderValue,
+    /// The id whose counters this key shares (its own, or its first predecessor's).
+    pub counters: KeyId,
+    /// Unix milliseconds after which the key stops working.
+    pub expires_ms: Option<u64>,
+    /// The last minute (Unix minutes) this process saw the key used; written to the store once
+    /// a minute, never per request.
+    pub last_used_minute: std::sync::atomic::AtomicU64,
     sha256: [u8; 32],
+}
+
+impl ActiveKey {
+    /// Whether the key has expired at `now_ms`.
+    pub fn expired(&self, now_ms: u64) -> bool {
+        self.expires_ms.is_some_and(|e| now_ms >= e)
+    }
+
+    /// Notes a use at `now_ms`, to the minute: one relaxed load per request, a store once a
+    /// minute.
+    pub fn touch(&self, now_ms: u64) {
+        use std::sync::atomic::Ordering;
+        let minute = now_ms / 60_000;
+        if self.last_used_minute.load(Ordering::Relaxed) != minute {
+            self.last_used_minute.store(minute, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The keys the gateway accepts: unrevoked records whose plan resolves, indexed by id.
@@ -314,7 +453,8 @@ impl KeySet {
     /// names the key id only.
     pub fn build(records: &[KeyRecord], plans: &Plans) -> KeySet {
         let mut by_id = HashMap::with_capacity(records.len());
-        for record in records.iter().filter(|r| r.revoked.is_none()) {
+        let now = unix_now();
+        for record in records.iter().filter(|r| r.usable(now)) {
             let Some(id) = KeyId::parse(&record.id) else {
                 log::warn!("key store: skipping a record with a malformed id");
                 continue;
@@ -334,12 +474,20 @@ impl KeySet {
                     };
                     let id_header =
                         http::HeaderValue::try_from(id.to_string()).expect("hex digits");
+                    let counters = record
+                        .counters
+                        .as_deref()
+                        .and_then(KeyId::parse)
+                        .unwrap_or(id);
                     let key = ActiveKey {
                         id,
                         plan,
                         limits,
                         policy: crate::headers::key_policy(limits),
                         id_header,
+                        counters,
+                        expires_ms: record.expires.map(|e| e * 1000),
+                        last_used_minute: std::sync::atomic::AtomicU64::new(0),
                         sha256,
                     };
                     by_id.insert(id, Arc::new(key));
@@ -354,6 +502,16 @@ impl KeySet {
     pub fn find(&self, presented: &str) -> Option<&Arc<ActiveKey>> {
         let key = self.by_id.get(&id_of_key(presented)?)?;
         bool::from(hash_key(presented).ct_eq(&key.sha256)).then_some(key)
+    }
+
+    /// Every key, for carrying state (last use) into a rebuilt set.
+    pub fn keys(&self) -> impl Iterator<Item = &Arc<ActiveKey>> {
+        self.by_id.values()
+    }
+
+    /// The key with `id`, if usable.
+    pub fn get(&self, id: KeyId) -> Option<&Arc<ActiveKey>> {
+        self.by_id.get(&id)
     }
 
     /// How many keys are usable.
@@ -398,7 +556,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = KeyStore::new(dir.path());
         let (record, key) = store
-            .create(&plans(), "free", Some("ci".into()), None, None)
+            .create(&plans(), "free", Some("ci".into()), None, None, None)
             .unwrap();
         let text = fs::read_to_string(store.path()).unwrap();
         assert!(!text.contains(&key), "the key itself is never stored");
@@ -437,15 +595,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = KeyStore::new(dir.path());
         assert!(matches!(
-            store.create(&plans(), "enterprise", None, None, None),
+            store.create(&plans(), "enterprise", None, None, None, None),
             Err(KeyError::Plan(_))
         ));
         assert!(matches!(
-            store.create(&plans(), "gold", None, None, None),
+            store.create(&plans(), "gold", None, None, None, None),
             Err(KeyError::Plan(_))
         ));
         let (record, _) = store
-            .create(&plans(), "enterprise", None, Some(5000), Some(1_000_000))
+            .create(
+                &plans(),
+                "enterprise",
+                None,
+                Some(5000),
+                Some(1_000_000),
+                None,
+            )
             .unwrap();
         assert_eq!(record.per_minute, Some(5000));
     }

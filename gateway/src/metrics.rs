@@ -124,6 +124,17 @@ pub static ACTIVE_KEYS: Lazy<IntGauge> = Lazy::new(|| {
     register(IntGauge::new("gateway_active_keys", "Usable API keys loaded").expect("valid metric"))
 });
 
+/// Key sets loaded from the store since start (the first load included).
+pub static KEY_LOADS: Lazy<IntCounter> = Lazy::new(|| {
+    register(
+        IntCounter::new(
+            "gateway_key_loads_total",
+            "Key sets loaded from the key store",
+        )
+        .expect("valid metric"),
+    )
+});
+
 /// Key store reloads that failed (the previous key set stays in use).
 pub static KEY_RELOAD_FAILURES: Lazy<IntGauge> = Lazy::new(|| {
     register(
@@ -196,6 +207,7 @@ pub fn render() -> Vec<u8> {
     Lazy::force(&DURATION);
     Lazy::force(&ACTIVE_KEYS);
     Lazy::force(&KEY_RELOAD_FAILURES);
+    Lazy::force(&KEY_LOADS);
     Lazy::force(&LIMIT_STORE_FALLBACKS);
     Lazy::force(&LIMIT_STORE_OUTAGES);
     Lazy::force(&RELOAD_FAILURES);

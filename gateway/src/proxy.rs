@@ -229,7 +229,7 @@ impl Gateway {
         ctx: &mut Ctx,
         key: &Arc<ActiveKey>,
     ) -> Result<()> {
-        let Ok(standing) = self.limits.peek(key.id, key.limits, ctx.now_ms).await else {
+        let Ok(standing) = self.limits.peek(key.counters, key.limits, ctx.now_ms).await else {
             let unavailable = GatewayError::new(
                 ErrorCode::Unavailable,
                 "the shared limit store cannot be reached; retry shortly",
@@ -256,8 +256,11 @@ impl Gateway {
             .headers
             .get(http::header::AUTHORIZATION)
             .map(HeaderValue::as_bytes);
-        let failure = match authorize(authorization, &self.keys.current()) {
-            Ok(key) => return Ok(key),
+        let failure = match authorize(authorization, &self.keys.current(), ctx.now_ms) {
+            Ok(key) => {
+                key.touch(ctx.now_ms);
+                return Ok(key);
+            }
             Err(failure) => failure,
         };
         metrics::AUTH_FAILURES
@@ -289,7 +292,7 @@ impl Gateway {
         let plan = key.plan.to_str().unwrap_or("?");
         let Ok(decision) = self
             .limits
-            .check(key.id, key.limits, &bans, ctx.now_ms)
+            .check(key.counters, key.limits, &bans, ctx.now_ms)
             .await
         else {
             metrics::REFUSALS

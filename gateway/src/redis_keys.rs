@@ -14,6 +14,16 @@ use crate::redis_conn::{CONNECT_TIMEOUT, RedisConn, RedisError, RedisHub, within
 
 const RECORDS: &str = "as:{keys}";
 const VERSION: &str = "as:{keys}:version";
+/// Last use per key id (Unix seconds): apart from the records, so uses do not move the version.
+const LAST_USED: &str = "as:{keys}:used";
+/// Sets each field `ARGV[i]` to `ARGV[i + 1]` unless it already holds a later time.
+const KEEP_LATEST: &str = r"
+for i = 1, #ARGV, 2 do
+  local old = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if tonumber(ARGV[i + 1]) > old then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+return 1
+";
 /// Writes `ARGV[2..]` (id, record pairs) if the version is still `ARGV[1]`; answers the new
 /// version, or -1 when another writer came first.
 const COMPARE_AND_SET: &str = r"
@@ -118,6 +128,38 @@ impl RedisKeyStore {
         Err(KeyError::Redis(
             "too many concurrent changes; try again".to_owned(),
         ))
+    }
+
+    /// When each key was last used (Unix seconds, to the minute).
+    pub async fn last_used(&self) -> Result<std::collections::HashMap<String, u64>, KeyError> {
+        let mut conn = self.conn().await?;
+        within(CONNECT_TIMEOUT, async {
+            Ok(redis::cmd("HGETALL")
+                .arg(LAST_USED)
+                .query_async(&mut conn)
+                .await?)
+        })
+        .await
+        .map_err(|e| self.error(e))
+    }
+
+    /// Records uses (key id, Unix seconds), keeping the later of old and new.
+    pub async fn record_use(&self, uses: &[(String, u64)]) -> Result<(), KeyError> {
+        if uses.is_empty() {
+            return Ok(());
+        }
+        let script = redis::Script::new(KEEP_LATEST);
+        let mut invocation = script.key(LAST_USED);
+        for (id, at) in uses {
+            invocation.arg(id).arg(*at);
+        }
+        let mut conn = self.conn().await?;
+        within(CONNECT_TIMEOUT, async {
+            let _: i64 = invocation.invoke_async(&mut conn).await?;
+            Ok(())
+        })
+        .await
+        .map_err(|e| self.error(e))
     }
 
     fn error(&self, e: RedisError) -> KeyError {

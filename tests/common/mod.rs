@@ -298,19 +298,33 @@ impl Stack {
 
     /// Issues a key with `keys create ARGS` and waits until the running gateway uses it.
     pub fn key(&self, args: &[&str]) -> String {
+        let loads = metric(self.admin, "gateway_key_loads_total").unwrap_or(0.0);
         let key = Self::key_in(&self.data_dir, &self.config, args);
-        self.wait_keys_loaded();
+        wait_metric(
+            self.admin,
+            "gateway_key_loads_total",
+            Duration::from_secs(10),
+            |v| v > loads,
+        );
         key
     }
 
     /// Waits until the gateway's `gateway_active_keys` equals the unrevoked keys in the store;
     /// reads only the admin listener, so no limit or budget is spent.
     pub fn wait_keys_loaded(&self) {
-        let (_, list, _) = self.keys_cli(&["list"]);
-        let want = format!(
-            "gateway_active_keys {}\n",
-            list.lines().filter(|l| l.contains("revoked=-")).count()
-        );
+        let (_, list, _) = self.keys_cli(&["list", "--json"]);
+        let keys: Vec<serde_json::Value> = serde_json::from_str(&list).expect("keys list --json");
+        let now = std::time::SystemTime::now();
+        let usable = keys
+            .iter()
+            .filter(|k| k["revoked"].is_null())
+            .filter(|k| {
+                k["expires"]
+                    .as_str()
+                    .is_none_or(|e| humantime::parse_rfc3339(e).unwrap() > now)
+            })
+            .count();
+        let want = format!("gateway_active_keys {usable}\n");
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             let (_, _, body) = raw_http(

@@ -1,0 +1,147 @@
+//! Keys over their life, in a running gateway: expiry, rotation with an overlap during which
+//! both keys work and share one set of counters, `keys list` with last use and successor, and
+//! `--json` for scripts. All through the real binary.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Stack, assert_error, client, key_id};
+use serde_json::Value;
+
+/// Polls until `key` gets `status` from the gateway, for up to `within`.
+async fn wait_status(stack: &Stack, key: &str, status: u16, within: Duration) {
+    let c = client();
+    let deadline = Instant::now() + within;
+    loop {
+        let got = stack.get(&c, "/v1/rate_limit", key).await.status().as_u16();
+        if got == status {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {got}, not {status}, after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn list_json(stack: &Stack) -> Vec<Value> {
+    let (code, out, err) = stack.keys_cli(&["list", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).expect("keys list --json is one JSON array")
+}
+
+#[tokio::test]
+async fn keys_expire_and_rotate_with_an_overlap_that_shares_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let c = client();
+
+    // A key that expires in 2 s works, then gets 401 with its own message.
+    let short = stack.key(&["--plan", "free", "--expires-in", "2s"]);
+    assert_eq!(stack.get(&c, "/v1/pets", &short).await.status(), 200);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let r = stack.get(&c, "/v1/pets", &short).await;
+    let body = assert_error(r, 401, "unauthorized").await;
+    assert!(
+        body["message"].as_str().unwrap().contains("expired"),
+        "{body}"
+    );
+    let listed = list_json(&stack);
+    let entry = listed.iter().find(|k| k["id"] == key_id(&short)).unwrap();
+    assert!(entry["expires"].as_str().unwrap().ends_with('Z'));
+
+    // Rotation: the successor shares the old key's counters; during the overlap both work.
+    let old = stack.enterprise_key(10, 1000);
+    for _ in 0..4 {
+        assert_eq!(stack.get(&c, "/v1/pets", &old).await.status(), 200);
+    }
+    let (code, new, err) = stack.keys_cli(&["rotate", key_id(&old), "--overlap", "3s"]);
+    assert_eq!(code, 0, "{err}");
+    let new = new.trim().to_owned();
+    assert_eq!(new.lines().count(), 1, "the new key alone on stdout");
+    wait_status(&stack, &new, 200, Duration::from_secs(5)).await;
+    let r = stack.get(&c, "/v1/pets", &new).await;
+    assert_eq!(
+        r.headers()["x-ratelimit-remaining"],
+        "5",
+        "the 4 requests of the old key count"
+    );
+    let r = stack.get(&c, "/v1/pets", &old).await;
+    assert_eq!(r.status(), 200, "the old key works during the overlap");
+    assert_eq!(
+        r.headers()["x-ratelimit-remaining"],
+        "4",
+        "one set of counters for both"
+    );
+    let (_, standing) = {
+        let r = stack.get(&c, "/v1/rate_limit", &new).await;
+        (r.status(), r.json::<Value>().await.unwrap())
+    };
+    assert_eq!(standing["key_id"], key_id(&new));
+    assert_eq!(standing["minute"]["remaining"], 4);
+    // After the overlap the old key stops; the new one goes on, counts intact.
+    wait_status(&stack, &old, 401, Duration::from_secs(6)).await;
+    let r = stack.get(&c, "/v1/pets", &new).await;
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "3");
+
+    let listed = list_json(&stack);
+    let old_entry = listed.iter().find(|k| k["id"] == key_id(&old)).unwrap();
+    let new_entry = listed.iter().find(|k| k["id"] == key_id(&new)).unwrap();
+    assert_eq!(old_entry["successor"], key_id(&new));
+    assert_eq!(new_entry["plan"], "enterprise");
+    assert_eq!(
+        (
+            new_entry["per_minute"].as_u64(),
+            new_entry["per_day"].as_u64()
+        ),
+        (Some(10), Some(1000))
+    );
+    let text = serde_json::to_string(&listed).unwrap();
+    assert!(
+        !text.contains(&new[20..]) && !text.contains(&old[20..]),
+        "never the key"
+    );
+    // Rotating a key that was already rotated is refused with a pointer to its successor.
+    let (code, _, err) = stack.keys_cli(&["rotate", key_id(&new), "--overlap", "1h"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = stack.keys_cli(&["rotate", key_id(&new)]);
+    assert_ne!(code, 0);
+    assert!(err.contains("already rotated"), "{err}");
+}
+
+#[tokio::test]
+async fn keys_list_shows_the_last_use_to_the_minute_written_without_a_write_per_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stack = Stack::start(dir.path());
+    let c = client();
+    let used = stack.key(&["--plan", "pro"]);
+    let idle = stack.key(&["--plan", "pro"]);
+    for _ in 0..3 {
+        assert_eq!(stack.get(&c, "/v1/pets", &used).await.status(), 200);
+    }
+    // Written once a minute and at shutdown, never per request.
+    assert_eq!(stack.proc.terminate(), Some(0));
+    let (code, out, _) = stack.keys_cli(&["list"]);
+    assert_eq!(code, 0);
+    let line = |key: &str| {
+        out.lines()
+            .find(|l| l.starts_with(key_id(key)))
+            .unwrap()
+            .to_owned()
+    };
+    let used_line = line(&used);
+    let minute = humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + Duration::from_secs(common::unix_now() / 60 * 60),
+    )
+    .to_string();
+    assert!(
+        used_line.contains(&format!("last_used={minute}")) || used_line.contains("last_used=20"),
+        "{used_line}"
+    );
+    assert!(line(&idle).contains("last_used=-"), "{}", line(&idle));
+    for field in ["expires=-", "revoked=-", "successor=-", "per_minute=300"] {
+        assert!(used_line.contains(field), "{field} in {used_line}");
+    }
+}
