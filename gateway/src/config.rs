@@ -17,10 +17,13 @@ use crate::client::TrustedProxies;
 use crate::cors::CorsPolicy;
 use crate::deprecation::{AfterSunset, Deprecation};
 use crate::plans::{MAX_LIMIT, Plans};
-use crate::routes::{Route, Routes, UpstreamTls, normalize_path};
+use crate::routes::{Route, Routes, Upstream, UpstreamTls, normalize_path};
 use crate::store::Fallback;
 use crate::store::redis::DEFAULT_TIMEOUT_MS;
 use crate::tls::TlsFiles;
+use pingora::lb::LoadBalancer;
+use pingora::lb::health_check::TcpHealthCheck;
+use pingora::lb::selection::RoundRobin;
 
 /// Default public listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -43,6 +46,8 @@ pub const DEFAULT_AUTH_FAILURES_PER_MINUTE: u32 = 60;
 pub const DEFAULT_KEY_REFRESH_MS: u64 = 500;
 /// Default idle time after which a client connection is closed, as nginx's default is 75 s.
 pub const DEFAULT_KEEPALIVE_TIMEOUT_SECONDS: u64 = 60;
+/// How long a pool's health check waits for a connection.
+pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_millis(500);
 /// The upstream name that means "the backend of this deployment" (`--backend-listen`).
 pub const BACKEND_UPSTREAM: &str = "backend";
 
@@ -171,7 +176,8 @@ impl Default for GatewayConfig {
             bans: BansConfig::default(),
             routes: vec![RouteConfig {
                 prefix: "/v1/pets".to_owned(),
-                upstream: BACKEND_UPSTREAM.to_owned(),
+                upstream: Some(BACKEND_UPSTREAM.to_owned()),
+                upstreams: Vec::new(),
                 timeout_ms: None,
                 deprecations: Vec::new(),
                 tls: false,
@@ -221,8 +227,14 @@ impl Default for BansConfig {
 pub struct RouteConfig {
     /// Path prefix under `/v1`, e.g. `/v1/store/orders`; matched at segment boundaries.
     pub prefix: String,
-    /// `backend` (this deployment's backend) or a `host:port` address.
-    pub upstream: String,
+    /// `backend` (this deployment's backend) or a `host:port` address; or leave it out and
+    /// name several instances in `upstreams`.
+    #[serde(default)]
+    pub upstream: Option<String>,
+    /// A pool of instances (`["127.0.0.1:9101", "127.0.0.1:9102"]`): balanced round-robin,
+    /// health-checked every second, a refused connection retried once on another instance.
+    #[serde(default)]
+    pub upstreams: Vec<String>,
     /// Overrides `gateway.upstream_timeout_ms` for this route.
     pub timeout_ms: Option<NonZeroU64>,
     /// Deprecated operations within this route.
@@ -448,15 +460,35 @@ fn route_settings(
             ".prefix: `{prefix}` must be a plain path under /v1/ without a trailing slash"
         ));
     }
-    let upstream = if route.upstream == BACKEND_UPSTREAM {
-        backend
-    } else {
-        route.upstream.parse().map_err(|_| {
-            format!(
-                ".upstream: `{}` is neither `backend` nor an address like 127.0.0.1:9000",
-                route.upstream
-            )
-        })?
+    let address = |field: &str, text: &str| {
+        if text == BACKEND_UPSTREAM {
+            Ok(backend)
+        } else {
+            text.parse::<SocketAddr>().map_err(|_| {
+                format!("{field}: `{text}` is neither `backend` nor an address like 127.0.0.1:9000")
+            })
+        }
+    };
+    let upstream = match (&route.upstream, route.upstreams.as_slice()) {
+        (Some(one), []) => Upstream::One(address(".upstream", one)?),
+        (None, [_, ..]) => {
+            let mut instances = Vec::with_capacity(route.upstreams.len());
+            for (k, text) in route.upstreams.iter().enumerate() {
+                instances.push(address(&format!(".upstreams[{k}]"), text)?);
+            }
+            let mut pool = LoadBalancer::<RoundRobin>::try_from_iter(instances)
+                .map_err(|e| format!(".upstreams: {e}"))?;
+            let mut check = TcpHealthCheck::new();
+            check.peer_template.options.connection_timeout = Some(HEALTH_CHECK_TIMEOUT);
+            pool.set_health_check(check);
+            Upstream::Pool(Arc::new(pool))
+        }
+        _ => {
+            return Err(
+                ".upstream: give either `upstream` (one address) or `upstreams` (a pool), not both or neither"
+                    .to_owned(),
+            );
+        }
     };
     let timeout = route.timeout_ms.unwrap_or(config.upstream_timeout_ms);
     let mut deprecations = Vec::with_capacity(route.deprecations.len());
@@ -547,7 +579,8 @@ mod tests {
     #[test]
     fn defaults_route_pets_to_the_backend() {
         let s = settings("").unwrap();
-        assert_eq!(s.routes.find("/v1/pets/1").unwrap().upstream.port(), 8081);
+        let route = s.routes.find("/v1/pets/1").unwrap();
+        assert_eq!(route.upstream.instances()[0].port(), 8081);
     }
 
     #[test]

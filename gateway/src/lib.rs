@@ -156,12 +156,14 @@ pub fn run(
         "admin".to_owned(),
         admin::Admin {
             stopping: stopping.clone(),
+            live: live.clone(),
         },
     );
     admin.add_tcp(&settings.admin_listen.to_string());
     admin.threads = Some(1);
     let refresh = background_service("key refresh", keyring::KeyRefresh(keyring.clone()));
     let upkeep = background_service("limit snapshots", Snapshots(limits.clone()));
+    let health = background_service("upstream health", UpstreamHealth(live.clone()));
     let reloads = background_service(
         "reload on SIGHUP",
         Reloads {
@@ -178,6 +180,7 @@ pub fn run(
     server.add_service(refresh);
     server.add_service(upkeep);
     server.add_service(reloads);
+    server.add_service(health);
     log::info!(
         "gateway listening on http://{} (admin on http://{})",
         settings.listen,
@@ -330,6 +333,40 @@ fn keep_restart_only(old: &Settings, fresh: &mut Settings) {
     fresh.redis = old.redis.clone();
     fresh.auth_failures_per_minute = old.auth_failures_per_minute;
     fresh.key_refresh = old.key_refresh;
+}
+
+/// How often the instances of every pool are health-checked.
+const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Health-checks the instances of every route's pool in the configuration in force (a reload
+/// brings new pools, checked from the next round), and publishes their health in `/metrics`.
+struct UpstreamHealth(Arc<ArcSwap<Settings>>);
+
+#[async_trait]
+impl pingora::services::background::BackgroundService for UpstreamHealth {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        let mut tick = tokio::time::interval(HEALTH_CHECK_EVERY);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {
+                    let settings = self.0.load_full();
+                    for route in settings.routes.iter() {
+                        if let routes::Upstream::Pool(pool) = &route.upstream {
+                            let backends = pool.backends();
+                            backends.run_health_check(true).await;
+                            for backend in backends.get_backend().iter() {
+                                let healthy = i64::from(backends.ready(backend));
+                                metrics::UPSTREAM_HEALTHY
+                                    .with_label_values(&[route.prefix.as_str(), &backend.addr.to_string()])
+                                    .set(healthy);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Unix milliseconds now.

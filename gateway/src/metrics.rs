@@ -2,8 +2,8 @@
 
 use once_cell::sync::Lazy;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The registry the admin listener renders.
@@ -196,6 +196,20 @@ pub static RELOADS: Lazy<IntCounterVec> = Lazy::new(|| {
         IntCounterVec::new(
             Opts::new("gateway_reloads_total", "SIGHUP reloads by result"),
             &["result"],
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Health of each upstream instance of a pool, by route and instance (1 healthy, 0 not).
+pub static UPSTREAM_HEALTHY: Lazy<IntGaugeVec> = Lazy::new(|| {
+    register(
+        IntGaugeVec::new(
+            Opts::new(
+                "gateway_upstream_healthy",
+                "1 while an upstream instance passes its health checks, else 0",
+            ),
+            &["route", "instance"],
         )
         .expect("valid metric"),
     )

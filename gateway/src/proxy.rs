@@ -14,7 +14,7 @@
 //! logging                 metrics and the access log (key id only, never the key)
 //! ```
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ use crate::keys::ActiveKey;
 use crate::limits::{Verdict, ceil_secs};
 use crate::metrics;
 use crate::pages;
-use crate::routes::{Route, normalize_path};
+use crate::routes::{Route, Upstream, normalize_path};
 use crate::store::LimitStore;
 use crate::unix_ms;
 
@@ -97,6 +97,10 @@ pub struct Ctx {
     pub error_code: Option<ErrorCode>,
     /// The request's `Origin`, when CORS allows it: responses then carry the CORS headers.
     pub cors: Option<HeaderValue>,
+    /// The upstream instance the request went to (the last one tried).
+    pub instance: Option<SocketAddr>,
+    /// An instance that refused the connection; the one retry goes elsewhere.
+    refused_by: Option<SocketAddr>,
     /// The gateway's own answer that served the request (a page, a preflight, `rate_limit`),
     /// as it appears in metrics and the access log.
     pub answered: Option<&'static str>,
@@ -428,6 +432,8 @@ impl ProxyHttp for Gateway {
             error_code: None,
             cors: None,
             answered: None,
+            instance: None,
+            refused_by: None,
             upstream_started: None,
             key: None,
             route: None,
@@ -500,10 +506,14 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::InternalError, "no route chosen");
         };
         ctx.upstream_started = Some(Instant::now());
+        let Some(instance) = route.upstream.pick(ctx.refused_by) else {
+            return Error::e_explain(ErrorType::ConnectNoRoute, "no instance of the upstream");
+        };
+        ctx.instance = Some(instance);
         let mut peer = match &route.tls {
-            None => HttpPeer::new(route.upstream, false, String::new()),
+            None => HttpPeer::new(instance, false, String::new()),
             Some(tls) => {
-                let mut peer = HttpPeer::new(route.upstream, true, tls.sni.clone());
+                let mut peer = HttpPeer::new(instance, true, tls.sni.clone());
                 peer.options.ca = tls.ca.clone();
                 peer
             }
@@ -513,6 +523,26 @@ impl ProxyHttp for Gateway {
         peer.options.write_timeout = Some(route.timeout);
         peer.options.idle_timeout = Some(UPSTREAM_IDLE);
         Ok(Box::new(peer))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut Ctx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        // A refused connection sent nothing upstream, so another instance of a pool may take
+        // the request, whatever its method; once.
+        let pool = ctx
+            .route
+            .as_ref()
+            .is_some_and(|r| matches!(r.upstream, Upstream::Pool(_)));
+        if pool && ctx.refused_by.is_none() && e.etype() == &ErrorType::ConnectRefused {
+            ctx.refused_by = ctx.instance;
+            e.set_retry(true);
+        }
+        e
     }
 
     async fn upstream_request_filter(
@@ -619,11 +649,7 @@ impl ProxyHttp for Gateway {
                     method: request.method.as_str(),
                     path: request.uri.path(),
                     route,
-                    upstream: ctx
-                        .route
-                        .as_ref()
-                        .filter(|_| forwarded)
-                        .map(|r| r.upstream.to_string()),
+                    upstream: ctx.instance.filter(|_| forwarded).map(|i| i.to_string()),
                     status,
                     latency_ms: elapsed.as_secs_f64() * 1000.0,
                     decision: if outcome == "proxied" {

@@ -11,6 +11,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pingora::lb::LoadBalancer;
+use pingora::lb::selection::RoundRobin;
+
 use crate::deprecation::Deprecation;
 
 /// Why a path was refused.
@@ -117,8 +120,8 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
 pub struct Route {
     /// Path prefix under `/v1`, matched at segment boundaries.
     pub prefix: String,
-    /// The upstream's address.
-    pub upstream: SocketAddr,
+    /// Where requests go: one address, or a pool of instances.
+    pub upstream: Upstream,
     /// How long the upstream may take to answer before the client gets 504.
     pub timeout: Duration,
     /// Deprecated operations within the route.
@@ -127,6 +130,79 @@ pub struct Route {
     pub tls: Option<UpstreamTls>,
     /// Which browser origins may call this route (its own, or `[gateway.cors]`).
     pub cors: Option<Arc<crate::cors::CorsPolicy>>,
+}
+
+/// A route's upstream.
+#[derive(Clone)]
+pub enum Upstream {
+    /// One address.
+    One(SocketAddr),
+    /// Several instances, balanced round-robin, with active health checks
+    /// (`pingora-load-balancing`).
+    Pool(Arc<LoadBalancer<RoundRobin>>),
+}
+
+impl Upstream {
+    /// The instances, as configured.
+    pub fn instances(&self) -> Vec<SocketAddr> {
+        match self {
+            Upstream::One(addr) => vec![*addr],
+            Upstream::Pool(lb) => lb
+                .backends()
+                .get_backend()
+                .iter()
+                .filter_map(|b| b.addr.as_inet().copied())
+                .collect(),
+        }
+    }
+
+    /// How many instances are healthy now (a single address always counts as one).
+    pub fn healthy(&self) -> usize {
+        match self {
+            Upstream::One(_) => 1,
+            Upstream::Pool(lb) => {
+                let backends = lb.backends();
+                backends
+                    .get_backend()
+                    .iter()
+                    .filter(|b| backends.ready(b))
+                    .count()
+            }
+        }
+    }
+
+    /// The instance for the next request, skipping `avoid` (one that just refused a
+    /// connection); unhealthy instances only when no healthy one is left.
+    pub fn pick(&self, avoid: Option<SocketAddr>) -> Option<SocketAddr> {
+        match self {
+            Upstream::One(addr) => Some(*addr),
+            Upstream::Pool(lb) => {
+                let other = |b: &pingora::lb::Backend| b.addr.as_inet().copied() != avoid;
+                lb.select_with(b"", 256, |b, healthy| healthy && other(b))
+                    .or_else(|| lb.select_with(b"", 256, |b, _| other(b)))
+                    .and_then(|b| b.addr.as_inet().copied())
+            }
+        }
+    }
+}
+
+impl PartialEq for Upstream {
+    /// Same address, or the very same pool.
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Upstream::One(a), Upstream::One(b)) => a == b,
+            (Upstream::Pool(a), Upstream::Pool(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Upstream {}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.instances()).finish()
+    }
 }
 
 /// How the gateway speaks TLS to a route's upstream.
@@ -189,6 +265,11 @@ impl Routes {
         }
     }
 
+    /// Every route.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.routes.iter()
+    }
+
     /// The route for a normalized path.
     pub fn find(&self, path: &str) -> Option<&Arc<Route>> {
         self.routes.iter().find(|r| r.matches(path))
@@ -243,7 +324,7 @@ mod tests {
     fn longest_prefix_wins_at_segment_boundaries() {
         let route = |prefix: &str, port: u16| Route {
             prefix: prefix.to_owned(),
-            upstream: SocketAddr::from(([127, 0, 0, 1], port)),
+            upstream: Upstream::One(SocketAddr::from(([127, 0, 0, 1], port))),
             timeout: Duration::from_secs(1),
             deprecations: Vec::new(),
             tls: None,
@@ -254,7 +335,7 @@ mod tests {
             route("/v1/store/orders", 2),
             route("/v1/pets", 3),
         ]);
-        let port = |path: &str| routes.find(path).map(|r| r.upstream.port());
+        let port = |path: &str| routes.find(path).map(|r| r.upstream.instances()[0].port());
         assert_eq!(port("/v1/pets"), Some(3));
         assert_eq!(port("/v1/pets/4"), Some(3));
         assert_eq!(port("/v1/petsx"), None);

@@ -412,6 +412,7 @@ pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str
 pub struct TestUpstream {
     pub addr: SocketAddr,
     pub hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl TestUpstream {
@@ -425,29 +426,60 @@ impl TestUpstream {
     }
 
     async fn start_with(delay: Duration, tls: Option<tokio_rustls::TlsAcceptor>) -> TestUpstream {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve("127.0.0.1:0".parse().unwrap(), delay, tls).await
+    }
+
+    /// An upstream on `addr` (to bring one back where it was).
+    pub async fn start_at(addr: SocketAddr) -> TestUpstream {
+        Self::serve(addr, Duration::ZERO, None).await
+    }
+
+    /// Closes the listener and every connection: the instance is gone.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    async fn serve(
+        addr: SocketAddr,
+        delay: Duration,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> TestUpstream {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = hits.clone();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut accept_stopped = stopped.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    _ = accept_stopped.changed() => return,
+                };
+                let Ok((stream, _)) = accepted else {
                     return;
                 };
                 let (counter, tls) = (counter.clone(), tls.clone());
+                let mut conn_stopped = stopped.clone();
                 tokio::spawn(async move {
-                    match tls {
-                        None => echo(stream, counter, delay).await,
-                        Some(tls) => {
-                            if let Ok(stream) = tls.accept(stream).await {
-                                echo(stream, counter, delay).await;
+                    let serve = async move {
+                        match tls {
+                            None => echo(stream, counter, delay).await,
+                            Some(tls) => {
+                                if let Ok(stream) = tls.accept(stream).await {
+                                    echo(stream, counter, delay).await;
+                                }
                             }
                         }
+                    };
+                    tokio::select! {
+                        () = serve => {}
+                        _ = conn_stopped.changed() => {}
                     }
                 });
             }
         });
-        TestUpstream { addr, hits }
+        TestUpstream { addr, hits, stop }
     }
 
     pub fn hits(&self) -> usize {

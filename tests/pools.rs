@@ -1,0 +1,87 @@
+//! Upstream pools: a route with several instances, balanced round-robin, health-checked; one
+//! instance down costs clients nothing, and `/readyz` says when a route has none left.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{PETS_ROUTE, Stack, TestUpstream, client, metric};
+
+fn ready(stack: &Stack) -> u16 {
+    common::raw_http(
+        stack.admin,
+        b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .0
+}
+
+fn wait_ready(stack: &Stack, want: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ready(stack) != want {
+        assert!(
+            Instant::now() < deadline,
+            "/readyz is not {want} after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_serves_every_request_with_an_instance_down_and_readyz_follows_its_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        TestUpstream::start(Duration::ZERO).await,
+        TestUpstream::start(Duration::ZERO).await,
+    );
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!(
+            "{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store/orders\"\nupstreams = [\"{}\", \"{}\"]\n",
+            a.addr, b.addr
+        ),
+    );
+    let key = stack.key(&["--plan", "business"]);
+    let c = client();
+    let get = || {
+        c.get(stack.url("/v1/store/orders/1"))
+            .bearer_auth(&key)
+            .send()
+    };
+
+    // Round-robin over both.
+    for _ in 0..10 {
+        assert_eq!(get().await.unwrap().status(), 200);
+    }
+    assert_eq!((a.hits(), b.hits()), (5, 5), "balanced round-robin");
+    assert_eq!(ready(&stack), 200);
+
+    // One instance gone: every request is still served, by the other.
+    a.stop();
+    for i in 0..20 {
+        assert_eq!(
+            get().await.unwrap().status(),
+            200,
+            "request {i} with one instance down"
+        );
+    }
+    assert_eq!(b.hits(), 25);
+    let healthy = format!(
+        "gateway_upstream_healthy{{instance=\"{}\",route=\"/v1/store/orders\"}}",
+        a.addr
+    );
+    common::wait_metric(stack.admin, &healthy, Duration::from_secs(5), |v| v == 0.0);
+    assert_eq!(ready(&stack), 200, "the route still has a healthy instance");
+
+    // Both gone: not ready, and requests get 502.
+    b.stop();
+    wait_ready(&stack, 503);
+    let r = get().await.unwrap();
+    common::assert_error(r, 502, "bad_gateway").await;
+
+    // One back where it was: ready again, and served.
+    let back = TestUpstream::start_at(a.addr).await;
+    wait_ready(&stack, 200);
+    assert_eq!(get().await.unwrap().status(), 200);
+    assert!(back.hits() >= 1);
+    assert_eq!(metric(stack.admin, &healthy), Some(1.0));
+}
