@@ -1,0 +1,100 @@
+//! The README's platform guide, run as written: two instances of `examples/orders.rs`, the
+//! guide's route (taken from the README itself) added to a running gateway by SIGHUP.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Stack, cli, client, free_addr, wait_for_port};
+use nix::sys::signal::{Signal, kill};
+use serde_json::Value;
+
+/// The TOML block after `<!-- guide:route -->` in the README, unindented.
+fn guide_route() -> String {
+    let readme = include_str!("../README.md");
+    let after = readme
+        .split("<!-- guide:route -->")
+        .nth(1)
+        .expect("the guide's marker");
+    let block = after
+        .split("```toml")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    block
+        .lines()
+        .map(str::trim_start)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The orders example, built by `cargo test` beside the test binaries.
+fn orders_binary() -> std::path::PathBuf {
+    let deps = std::env::current_exe().unwrap();
+    deps.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/orders")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_platform_guide_adds_a_pooled_service_to_a_running_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (free_addr(), free_addr());
+    let mut orders = Command::new(orders_binary())
+        .args([one.to_string(), two.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the orders example is built by cargo test");
+    wait_for_port(one, &mut orders);
+    wait_for_port(two, &mut orders);
+
+    let config = dir.path().join("animal-store.toml");
+    std::fs::copy(common::shipped_config(), &config).unwrap();
+    let stack = Stack::start_with(dir.path(), &config);
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+    let r = stack.get(&c, "/v1/store/orders/7", &key).await;
+    assert_eq!(r.status(), 404, "not routed yet");
+
+    // Step 2 and 3: the guide's route, the file checked, SIGHUP.
+    let route = guide_route()
+        .replace("127.0.0.1:9101", &one.to_string())
+        .replace("127.0.0.1:9102", &two.to_string());
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&route);
+    std::fs::write(&config, text).unwrap();
+    let (code, out, err) = cli(&["check-config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !stack.proc.log_text().contains("configuration reloaded") {
+        assert!(Instant::now() < deadline, "no reload");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Step 4: balanced over both, the caller named, the deprecated operation marked.
+    let mut instances = std::collections::HashSet::new();
+    for _ in 0..4 {
+        let r = stack.get(&c, "/v1/store/orders/7", &key).await;
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().contains_key("deprecation") && r.headers().contains_key("sunset"));
+        assert!(r.headers().contains_key("x-ratelimit-remaining"));
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["key_id"], common::key_id(&key));
+        instances.insert(body["instance"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(instances.len(), 2, "both instances served: {instances:?}");
+    let r = stack.get(&c, "/v1/store/orders", &key).await;
+    assert_eq!(r.status(), 200);
+    assert!(
+        !r.headers().contains_key("deprecation"),
+        "only the deprecated operation"
+    );
+    let _ = orders.kill();
+    let _ = orders.wait();
+}
