@@ -110,6 +110,20 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid):
+    """CPU time of a process and its children (nginx and HAProxy work in forked workers)."""
+    total = cpu_seconds(pid)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids = task / "children"
+        if kids.exists():
+            for kid in kids.read_text().split():
+                try:
+                    total += tree_cpu_seconds(int(kid))
+                except FileNotFoundError:
+                    pass
+    return total
+
+
 def rss_kib(pid):
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
@@ -310,9 +324,9 @@ def part_get(upstream, results):
                 proc, port = contenders[name]
                 k = rkey if "redis" in name else key
                 wrk(f"http://127.0.0.1:{port}/v1/pets", k, dur=1)  # warm-up
-                before = cpu_seconds(proc.pid) if proc else 0
+                before = tree_cpu_seconds(proc.pid) if proc else 0
                 r = wrk(f"http://127.0.0.1:{port}/v1/pets", k)
-                r["cpu_us"] = (cpu_seconds(proc.pid) - before) / r["requests"] * 1e6 if proc else None
+                r["cpu_us"] = (tree_cpu_seconds(proc.pid) - before) / r["requests"] * 1e6 if proc else None
             if r["non2xx"]:
                 sys.exit(f"{name}: {r['non2xx']} non-2xx responses")
             rows[name].append(r)
@@ -347,30 +361,37 @@ def part_open(upstream, results):
 
 
 def plot(open_results, path):
-    """p99 latency against offered load, one line per contender, as a small SVG."""
+    """p99 latency (log scale) against offered load, one line per contender, as a small SVG."""
+    import math
     rates = open_results["rates"]
     rows = open_results["rows"]
     w, h, left, bottom = 640, 400, 70, 50
-    ymax = max(max(r["p99"] for r in series) for series in rows.values()) * 1.1 or 1
-    xmax = rates[-1] * 1.05
+    values = [r["p99"] for series in rows.values() for r in series]
+    lo = 10 ** math.floor(math.log10(max(min(values), 0.01)))
+    hi = 10 ** math.ceil(math.log10(max(values)))
+    xmin, xmax = rates[0] * 0.9, rates[-1] * 1.05
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
-    x = lambda v: left + v / xmax * (w - left - 20)
-    y = lambda v: h - bottom - v / ymax * (h - bottom - 20)
+    x = lambda v: left + (v - xmin) / (xmax - xmin) * (w - left - 20)
+    y = lambda v: h - bottom - (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * (h - bottom - 20)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h + 20 * len(rows)}" font-family="sans-serif" font-size="12">',
              '<rect width="100%" height="100%" fill="white"/>',
              f'<line x1="{left}" y1="{h - bottom}" x2="{w - 10}" y2="{h - bottom}" stroke="black"/>',
              f'<line x1="{left}" y1="20" x2="{left}" y2="{h - bottom}" stroke="black"/>',
              f'<text x="{w / 2}" y="{h - 10}" text-anchor="middle">offered load (requests/s, open loop, oha --latency-correction)</text>',
-             f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">p99 latency (ms)</text>']
-    for i in range(5):
-        v = ymax * i / 4
-        parts.append(f'<text x="{left - 5}" y="{y(v) + 4}" text-anchor="end">{v:.1f}</text>')
+             f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">p99 latency (ms, log scale)</text>']
+    v = lo
+    while v <= hi * 1.001:
+        parts.append(f'<line x1="{left}" y1="{y(v)}" x2="{w - 10}" y2="{y(v)}" stroke="#ddd"/>')
+        parts.append(f'<text x="{left - 5}" y="{y(v) + 4}" text-anchor="end">{v:g}</text>')
+        v *= 10
     for r in rates:
         parts.append(f'<text x="{x(r)}" y="{h - bottom + 15}" text-anchor="middle">{r}</text>')
     for i, (name, series) in enumerate(rows.items()):
         c = colors[i % len(colors)]
         pts = " ".join(f"{x(s['rate']):.1f},{y(s['p99']):.1f}" for s in series)
         parts.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="2"/>')
+        for s in series:
+            parts.append(f'<circle cx="{x(s["rate"]):.1f}" cy="{y(s["p99"]):.1f}" r="3" fill="{c}"/>')
         parts.append(f'<text x="{left}" y="{h + 15 + 20 * i}" fill="{c}">&#9632; {name}</text>')
     parts.append("</svg>")
     path.write_text("\n".join(parts))

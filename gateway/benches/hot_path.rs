@@ -1,0 +1,103 @@
+//! Microbenchmarks of the gateway's per-request work (`cargo bench -p animal-store-gateway`):
+//! the key lookup, the limiter's decision with 1 and 1,000,000 active keys, and rendering the
+//! rate-limit headers; and, printed before them, the memory each active key costs the limiter.
+
+use std::hint::black_box;
+
+use animal_store_gateway::bans::BanPolicy;
+use animal_store_gateway::keys::{KeyId, KeyRecord, KeySet, generate, hash_key};
+use animal_store_gateway::limits::Limiter;
+use animal_store_gateway::plans::{Limits, Plans};
+use criterion::{Criterion, criterion_group, criterion_main};
+use pingora::http::ResponseHeader;
+
+const LIMITS: Limits = Limits {
+    per_minute: u64::MAX / 2,
+    per_day: u64::MAX / 2,
+};
+/// 2026-11-22T10:00:00Z.
+const T0: u64 = 1_795_341_600_000;
+const MANY: u64 = 1_000_000;
+
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    pages * 4096
+}
+
+fn record(id: KeyId, key: &str) -> KeyRecord {
+    KeyRecord {
+        id: id.to_string(),
+        name: None,
+        plan: "pro".to_owned(),
+        per_minute: None,
+        per_day: None,
+        sha256: hex::encode(hash_key(key)),
+        created: 0,
+        revoked: None,
+        expires: None,
+        successor: None,
+        counters: None,
+    }
+}
+
+fn key_lookup(c: &mut Criterion) {
+    let keys: Vec<(KeyId, String)> = (0..10_000).map(|_| generate().unwrap()).collect();
+    let records: Vec<KeyRecord> = keys.iter().map(|(id, k)| record(*id, k)).collect();
+    let set = KeySet::build(&records, &Plans::defaults());
+    let presented = &keys[4_321].1;
+    c.bench_function("key lookup (SHA-256, constant-time compare), 10k keys", |b| {
+        b.iter(|| black_box(set.find(black_box(presented))).is_some())
+    });
+}
+
+fn limiter(c: &mut Criterion) {
+    let bans = BanPolicy::default();
+    let one = Limiter::new();
+    c.bench_function("limiter decision, 1 active key", |b| {
+        let mut now = T0;
+        b.iter(|| {
+            now += 1;
+            black_box(one.check(KeyId(7), LIMITS, &bans, now))
+        })
+    });
+
+    let before = resident_bytes();
+    let many = Limiter::new();
+    for k in 0..MANY {
+        many.check(KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)), LIMITS, &bans, T0);
+    }
+    let per_key = (resident_bytes().saturating_sub(before)) as f64 / MANY as f64;
+    println!("limiter memory: {per_key:.0} bytes per active key at {MANY} keys (resident set growth)");
+    c.bench_function("limiter decision, 1M active keys", |b| {
+        let mut k = 0u64;
+        let mut now = T0;
+        b.iter(|| {
+            k = (k + 7919) % MANY;
+            now += 1;
+            black_box(many.check(KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)), LIMITS, &bans, now))
+        })
+    });
+}
+
+fn headers(c: &mut Criterion) {
+    let policy = animal_store_gateway::headers::key_policy(Limits {
+        per_minute: 300,
+        per_day: 10_000,
+    });
+    c.bench_function("rate-limit headers on a response", |b| {
+        b.iter(|| {
+            let mut r = ResponseHeader::build(200, Some(8)).unwrap();
+            r.insert_header("X-RateLimit-Limit", black_box(300u64)).unwrap();
+            r.insert_header("X-RateLimit-Remaining", black_box(297u64)).unwrap();
+            r.insert_header("X-RateLimit-Reset", black_box(1_795_341_660u64)).unwrap();
+            r.insert_header("RateLimit-Policy", policy.clone()).unwrap();
+            r.insert_header("RateLimit", format!("\"minute\";r={};t={}", black_box(297), 42))
+                .unwrap();
+            black_box(r)
+        })
+    });
+}
+
+criterion_group!(benches, key_lookup, limiter, headers);
+criterion_main!(benches);
