@@ -108,11 +108,15 @@ async fn the_deprecation_link_points_at_get_pet_on_the_docs_page() {
     assert!(links.contains(&want.as_str()), "{links:?}");
 }
 
-/// A page on its own loopback port (another origin) that calls the gateway with `fetch` and
-/// writes what it could read of the answer into the DOM.
-async fn page_server(gateway: std::net::SocketAddr, key: String) -> std::net::SocketAddr {
+/// A page served on `bind` (its own origin) that calls the gateway with `fetch` and writes
+/// what it could read of the answer into the DOM; returns the page's URL.
+async fn page_server(
+    bind: std::net::SocketAddr,
+    gateway: std::net::SocketAddr,
+    key: &str,
+) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let html = format!(
         r#"<!doctype html><html><body><p id="result">pending</p><script>
@@ -135,7 +139,7 @@ fetch("http://{gateway}/v1/pets", {{headers: {{"Authorization": "Bearer {key}"}}
             });
         }
     });
-    addr
+    format!("http://{addr}/")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -152,38 +156,8 @@ async fn a_page_of_an_allowed_origin_reads_its_limits_and_another_origin_cannot(
         ),
     );
     let key = stack.key(&["--plan", "pro"]);
-    let allowed = {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", allowed_port))
-            .await
-            .unwrap();
-        let html = {
-            let gateway = stack.listen;
-            format!(
-                r#"<!doctype html><html><body><p id="result">pending</p><script>
-fetch("http://{gateway}/v1/pets", {{headers: {{"Authorization": "Bearer {key}"}}}})
-  .then(r => {{ document.getElementById("result").textContent = "remaining=" + r.headers.get("X-RateLimit-Remaining"); }})
-  .catch(e => {{ document.getElementById("result").textContent = "refused:" + e.name; }});
-</script></body></html>"#
-            )
-        };
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                let html = html.clone();
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 4096];
-                    let _ = s.read(&mut buf).await;
-                    let response = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{html}",
-                        html.len()
-                    );
-                    let _ = s.write_all(response.as_bytes()).await;
-                });
-            }
-        });
-        format!("http://127.0.0.1:{allowed_port}/")
-    };
-    let other = format!("http://{}/", page_server(stack.listen, key.clone()).await);
+    let allowed = page_server(([127, 0, 0, 1], allowed_port).into(), stack.listen, &key).await;
+    let other = page_server(([127, 0, 0, 1], 0).into(), stack.listen, &key).await;
     let dir_path = dir.path().to_owned();
     let (allowed_dom, other_dom) =
         tokio::task::spawn_blocking(move || (dom(&dir_path, &allowed), dom(&dir_path, &other)))

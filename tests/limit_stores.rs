@@ -214,13 +214,18 @@ fn redis_store(url: &str) -> Arc<RedisStore> {
 #[test]
 fn the_redis_store_follows_the_table() {
     let redis = RedisServer::start();
-    let store = redis_store(&redis.url());
+    run_redis_table("redis", &redis.url());
+}
+
+/// The table through a Redis store on `url`; its `deny` fallback turns any silent fallback
+/// into a failure.
+fn run_redis_table(name: &str, url: &str) {
+    let store = redis_store(url);
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    // `deny` turns any silent fallback into a failure here.
-    run_table("redis", base(), |k, l, t| {
+    run_table(name, base(), |k, l, t| {
         runtime
             .block_on(store.check(k, l, &BanPolicy::default(), t))
-            .expect("redis decided")
+            .unwrap_or_else(|_| panic!("{name} decided"))
     });
     assert!(store.is_up());
 }
@@ -228,13 +233,7 @@ fn the_redis_store_follows_the_table() {
 #[test]
 fn the_redis_store_follows_the_table_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let store = redis_store(&cluster.url());
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    run_table("redis cluster", base(), |k, l, t| {
-        runtime
-            .block_on(store.check(k, l, &BanPolicy::default(), t))
-            .expect("the cluster decided")
-    });
+    run_redis_table("redis cluster", &cluster.url());
     // The keys of the table landed on more than one master: the slots really are spread.
     let holding = cluster
         .nodes

@@ -84,6 +84,28 @@ async fn burst(gateways: &[&GatewayOnly], key: &str, n: usize) -> Vec<u16> {
     statuses
 }
 
+/// One backend and two gateways with data directories of their own, gateway `a` given
+/// `url_a` and gateway `b` given `url_b` as `--redis-url`.
+struct Fleet {
+    config: PathBuf,
+    a: GatewayOnly,
+    b: GatewayOnly,
+    _backend: Backend,
+}
+
+fn fleet(dir: &Path, url_a: &str, url_b: &str) -> Fleet {
+    let config = config(dir, "");
+    let backend = Backend::start(&dir.join("backend-data"));
+    let a = GatewayOnly::start(dir, "a", &config, backend.addr, &["--redis-url", url_a]);
+    let b = GatewayOnly::start(dir, "b", &config, backend.addr, &["--redis-url", url_b]);
+    Fleet {
+        config,
+        a,
+        b,
+        _backend: backend,
+    }
+}
+
 fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|&&s| s == status).count()
 }
@@ -95,22 +117,12 @@ async fn two_gateways_share_keys_limits_and_bans_through_redis() {
     let dir = tempfile::tempdir().unwrap();
     let redis = RedisServer::start();
     let url = redis.url();
-    let config = config(dir.path(), "");
-    let backend = Backend::start(&dir.path().join("backend-data"));
-    let a = GatewayOnly::start(
-        dir.path(),
-        "a",
-        &config,
-        backend.addr,
-        &["--redis-url", &url],
-    );
-    let b = GatewayOnly::start(
-        dir.path(),
-        "b",
-        &config,
-        backend.addr,
-        &["--redis-url", &url],
-    );
+    let Fleet {
+        config,
+        a,
+        b,
+        _backend,
+    } = fleet(dir.path(), &url, &url);
 
     // A key made from a third data directory is used by both gateways.
     let key = enterprise(dir.path(), &config, &url, 100);
@@ -190,22 +202,12 @@ async fn a_redis_outage_falls_back_to_shares_and_its_return_restores_exact_limit
     let dir = tempfile::tempdir().unwrap();
     let mut redis = RedisServer::start();
     let url = redis.url();
-    let config = config(dir.path(), "");
-    let backend = Backend::start(&dir.path().join("backend-data"));
-    let a = GatewayOnly::start(
-        dir.path(),
-        "a",
-        &config,
-        backend.addr,
-        &["--redis-url", &url],
-    );
-    let b = GatewayOnly::start(
-        dir.path(),
-        "b",
-        &config,
-        backend.addr,
-        &["--redis-url", &url],
-    );
+    let Fleet {
+        config,
+        a,
+        b,
+        _backend,
+    } = fleet(dir.path(), &url, &url);
     let busy = enterprise(dir.path(), &config, &url, 100_000);
     let shared = enterprise(dir.path(), &config, &url, 20);
     a.wait_keys(2);
@@ -353,23 +355,13 @@ async fn two_gateways_on_a_redis_cluster_admit_exactly_the_limit() {
     let cluster = RedisCluster::start();
     let all: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
     let all = all.join(",");
-    let config = config(dir.path(), "");
-    let backend = Backend::start(&dir.path().join("backend-data"));
     let one = cluster.url();
-    let a = GatewayOnly::start(
-        dir.path(),
-        "a",
-        &config,
-        backend.addr,
-        &["--redis-url", &one],
-    );
-    let b = GatewayOnly::start(
-        dir.path(),
-        "b",
-        &config,
-        backend.addr,
-        &["--redis-url", &all],
-    );
+    let Fleet {
+        config,
+        a,
+        b,
+        _backend,
+    } = fleet(dir.path(), &one, &all);
     let mut keys_made = Vec::new();
     for i in 0..3 {
         keys_made.push(enterprise(dir.path(), &config, &one, 60));

@@ -21,7 +21,11 @@ const MANY: u64 = 1_000_000;
 
 fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
     pages * 4096
 }
 
@@ -46,9 +50,10 @@ fn key_lookup(c: &mut Criterion) {
     let records: Vec<KeyRecord> = keys.iter().map(|(id, k)| record(*id, k)).collect();
     let set = KeySet::build(&records, &Plans::defaults());
     let presented = &keys[4_321].1;
-    c.bench_function("key lookup (SHA-256, constant-time compare), 10k keys", |b| {
-        b.iter(|| black_box(set.find(black_box(presented))).is_some())
-    });
+    c.bench_function(
+        "key lookup (SHA-256, constant-time compare), 10k keys",
+        |b| b.iter(|| black_box(set.find(black_box(presented))).is_some()),
+    );
 }
 
 fn limiter(c: &mut Criterion) {
@@ -65,17 +70,29 @@ fn limiter(c: &mut Criterion) {
     let before = resident_bytes();
     let many = Limiter::new();
     for k in 0..MANY {
-        many.check(KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)), LIMITS, &bans, T0);
+        many.check(
+            KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            LIMITS,
+            &bans,
+            T0,
+        );
     }
     let per_key = (resident_bytes().saturating_sub(before)) as f64 / MANY as f64;
-    println!("limiter memory: {per_key:.0} bytes per active key at {MANY} keys (resident set growth)");
+    println!(
+        "limiter memory: {per_key:.0} bytes per active key at {MANY} keys (resident set growth)"
+    );
     c.bench_function("limiter decision, 1M active keys", |b| {
         let mut k = 0u64;
         let mut now = T0;
         b.iter(|| {
             k = (k + 7919) % MANY;
             now += 1;
-            black_box(many.check(KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)), LIMITS, &bans, now))
+            black_box(many.check(
+                KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                LIMITS,
+                &bans,
+                now,
+            ))
         })
     });
 }
@@ -88,12 +105,18 @@ fn headers(c: &mut Criterion) {
     c.bench_function("rate-limit headers on a response", |b| {
         b.iter(|| {
             let mut r = ResponseHeader::build(200, Some(8)).unwrap();
-            r.insert_header("X-RateLimit-Limit", black_box(300u64)).unwrap();
-            r.insert_header("X-RateLimit-Remaining", black_box(297u64)).unwrap();
-            r.insert_header("X-RateLimit-Reset", black_box(1_795_341_660u64)).unwrap();
-            r.insert_header("RateLimit-Policy", policy.clone()).unwrap();
-            r.insert_header("RateLimit", format!("\"minute\";r={};t={}", black_box(297), 42))
+            r.insert_header("X-RateLimit-Limit", black_box(300u64))
                 .unwrap();
+            r.insert_header("X-RateLimit-Remaining", black_box(297u64))
+                .unwrap();
+            r.insert_header("X-RateLimit-Reset", black_box(1_795_341_660u64))
+                .unwrap();
+            r.insert_header("RateLimit-Policy", policy.clone()).unwrap();
+            r.insert_header(
+                "RateLimit",
+                format!("\"minute\";r={};t={}", black_box(297), 42),
+            )
+            .unwrap();
             black_box(r)
         })
     });
