@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{PETS_ROUTE, Stack, TestUpstream, client, metric};
+use nix::sys::signal::{Signal, kill};
 
 fn ready(stack: &Stack) -> u16 {
     common::raw_http(
@@ -77,6 +78,24 @@ async fn a_pool_serves_every_request_with_an_instance_down_and_readyz_follows_it
     wait_ready(&stack, 503);
     let r = get().await.unwrap();
     common::assert_error(r, 502, "bad_gateway").await;
+
+    // A reload with the same pool keeps what the health checks learned: the dead instances do
+    // not come back as healthy, not even until the next check.
+    kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
+    let reloaded = Instant::now();
+    while !stack.proc.log_text().contains("configuration reloaded") {
+        assert!(reloaded.elapsed() < Duration::from_secs(10), "no reload");
+        assert_eq!(ready(&stack), 503);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for _ in 0..15 {
+        assert_eq!(
+            ready(&stack),
+            503,
+            "still no healthy instance after the reload"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // One back where it was: ready again, and served.
     let back = TestUpstream::start_at(a.addr).await;

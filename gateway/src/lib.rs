@@ -280,6 +280,7 @@ impl Reloads {
             Ok(mut fresh) => {
                 let old = self.live.load_full();
                 keep_restart_only(&old, &mut fresh);
+                fresh.routes = fresh.routes.keeping_pools_of(&old.routes);
                 self.keyring.set_plans(fresh.plans.clone()).await;
                 if let LimitStore::Embedded(store) = &*self.limits {
                     store.set_bans(fresh.bans);

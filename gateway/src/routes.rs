@@ -265,6 +265,30 @@ impl Routes {
         }
     }
 
+    /// This table with the running pools of `old` in place of new pools of the same instances,
+    /// so a reload keeps what the health checks learned (an instance found down stays down).
+    pub fn keeping_pools_of(&self, old: &Routes) -> Routes {
+        let routes = self
+            .routes
+            .iter()
+            .map(|route| {
+                let mut route = Route::clone(route);
+                if let Upstream::Pool(_) = &route.upstream {
+                    let instances = route.upstream.instances();
+                    let running = old.routes.iter().find(|r| {
+                        matches!(r.upstream, Upstream::Pool(_))
+                            && r.upstream.instances() == instances
+                    });
+                    if let Some(running) = running {
+                        route.upstream = running.upstream.clone();
+                    }
+                }
+                route
+            })
+            .collect();
+        Routes::new(routes)
+    }
+
     /// Every route.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.routes.iter()
