@@ -7,6 +7,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod admission;
 pub mod auth;
 pub mod bans;
 pub mod client;

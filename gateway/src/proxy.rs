@@ -1,15 +1,19 @@
-//! The proxy: orchestrates pingora's phases; every decision is made by the modules it calls.
+//! The proxy: orchestrates pingora's phases; every decision is made by the modules it calls
+//! ([`crate::admission`] for all of `request_filter`'s).
 //!
 //! ```text
-//! request_filter          path normalized (400) → route looked up → key checked (401 / 429
-//!                         too_many_auth_failures) → limits (429) → no route (404) →
+//! request_filter          client address (trusted proxies) → public pages (docs, OpenAPI) →
+//!                         path normalized (400) → route looked up → CORS preflight (204) →
+//!                         key checked (401 / 429 too_many_auth_failures) → /v1/rate_limit →
+//!                         limits (429, or 503 with fallback = deny) → no route (404) →
 //!                         past sunset (410) → declared body too large (413)
 //! request_body_filter     streamed body too large (413)
-//! upstream_peer           the route's upstream, with its timeouts
+//! upstream_peer           the route's instance (a pool's next healthy one), with timeouts
+//! fail_to_connect         a pool instance refused the connection → retried once elsewhere
 //! upstream_request_filter drop Authorization; add X-Request-Id, X-Forwarded-For,
 //!                         X-Api-Key-Id, X-Api-Plan (pingora itself drops hop-by-hop headers
 //!                         and those the client's Connection header names)
-//! response_filter         rate-limit, request-id and deprecation headers
+//! response_filter         rate-limit, request-id, CORS and deprecation headers
 //! fail_to_proxy           upstream unreachable → 502, too slow → 504 (JSON, same headers)
 //! logging                 metrics and the access log (key id only, never the key)
 //! ```
@@ -19,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use animal_store_contract::{ErrorCode, RATE_LIMIT_PATH};
+use animal_store_contract::ErrorCode;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -31,19 +35,18 @@ use pingora::{Error, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::access_log::{self, AccessLog};
-use crate::auth::{Budget, FailureBudget, authorize};
+use crate::admission::Admission;
+use crate::auth::FailureBudget;
 use crate::client::TrustedProxies;
-use crate::config::{MAX_HEADERS, Settings};
-use crate::cors::{self, CorsPolicy};
+use crate::config::Settings;
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, respond};
 use crate::headers::{self, RateHeaders};
 use crate::keyring::Keyring;
 use crate::keys::ActiveKey;
-use crate::limits::{Verdict, ceil_secs};
 use crate::metrics;
 use crate::pages;
-use crate::routes::{Route, Upstream, normalize_path};
+use crate::routes::{Route, Upstream};
 use crate::store::LimitStore;
 use crate::unix_ms;
 
@@ -105,29 +108,19 @@ pub struct Ctx {
     /// as it appears in metrics and the access log.
     pub answered: Option<&'static str>,
     upstream_started: Option<Instant>,
-    key: Option<Arc<ActiveKey>>,
-    route: Option<Arc<Route>>,
+    pub(crate) key: Option<Arc<ActiveKey>>,
+    pub(crate) route: Option<Arc<Route>>,
     body_bytes: u64,
     started: Instant,
-}
-
-/// What `admit` decided for a request that is not refused.
-enum Admission {
-    /// Forward it upstream.
-    Forward,
-    /// A CORS preflight: the gateway answers it.
-    Preflight(Arc<CorsPolicy>),
-    /// `GET /v1/rate_limit`: the gateway answers where this key stands.
-    RateLimit(Arc<ActiveKey>),
 }
 
 /// The gateway's state shared by all requests.
 pub struct Gateway {
     live: Arc<ArcSwap<Settings>>,
-    keys: Arc<Keyring>,
-    limits: Arc<LimitStore>,
-    failures: FailureBudget,
-    address_policy: HeaderValue,
+    pub(crate) keys: Arc<Keyring>,
+    pub(crate) limits: Arc<LimitStore>,
+    pub(crate) failures: FailureBudget,
+    pub(crate) address_policy: HeaderValue,
 }
 
 impl Gateway {
@@ -147,250 +140,6 @@ impl Gateway {
             keys,
         }
     }
-
-    /// Every decision before forwarding, in the order of the phase chart; `Err` is the answer to
-    /// send instead.
-    async fn admit(
-        &self,
-        session: &mut Session,
-        ctx: &mut Ctx,
-    ) -> std::result::Result<Admission, GatewayError> {
-        ctx.now_ms = unix_ms();
-        let settings = ctx.settings.clone();
-        let ip = ctx.client;
-        let unroutable = self.normalize(session).map_err(str::to_owned);
-        let request = session.req_header();
-        if let Err(why) = unroutable.and_then(|()| check_headers(request, &settings)) {
-            ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));
-            return Err(GatewayError::new(ErrorCode::InvalidRequest, why));
-        }
-        let path = request.uri.path();
-        let route = settings.routes.find(path).cloned();
-        ctx.route.clone_from(&route);
-        ctx.deprecation = route
-            .as_ref()
-            .and_then(|r| r.deprecation(request.method.as_str(), path))
-            .cloned();
-        let policy = route
-            .as_ref()
-            .map_or(settings.cors.as_ref(), |r| r.cors.as_ref());
-        ctx.cors = policy.and_then(|p| p.allowed_origin(request));
-        if let Some(policy) = policy.filter(|_| cors::is_preflight(request)) {
-            // A preflight never carries a key: answered without one, and counted nowhere.
-            ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));
-            return Ok(Admission::Preflight(policy.clone()));
-        }
-
-        let key = self.authenticate(request, ip, ctx)?;
-        if path == RATE_LIMIT_PATH {
-            ctx.key = Some(key.clone());
-            if request.method != http::Method::GET {
-                return Err(GatewayError::new(
-                    ErrorCode::MethodNotAllowed,
-                    "the rate_limit resource is read with GET",
-                )
-                .allow("GET"));
-            }
-            return Ok(Admission::RateLimit(key));
-        }
-        let limited = self.apply_limits(&key, ctx).await;
-        ctx.key = Some(key); // also for refusals: the access log names the key
-        limited?;
-
-        let route = route
-            .ok_or_else(|| GatewayError::new(ErrorCode::NotFound, "no route for this path"))?;
-        if let Some(d) = ctx
-            .deprecation
-            .as_ref()
-            .filter(|d| d.is_gone(ctx.now_ms / 1000))
-        {
-            let sunset = d.sunset_header.to_str().unwrap_or("its sunset date");
-            return Err(GatewayError::new(
-                ErrorCode::Gone,
-                format!(
-                    "this operation was removed on {sunset}; see the Link header for its successor"
-                ),
-            ));
-        }
-        ctx.route = Some(route);
-        let declared = session
-            .req_header()
-            .headers
-            .get(http::header::CONTENT_LENGTH);
-        let declared = declared
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > settings.max_body_bytes) {
-            return Err(too_large(&settings));
-        }
-        Ok(Admission::Forward)
-    }
-
-    /// Answers `GET /v1/rate_limit` for `key`, counting nothing.
-    async fn rate_limit(
-        &self,
-        session: &mut Session,
-        ctx: &mut Ctx,
-        key: &Arc<ActiveKey>,
-    ) -> Result<()> {
-        let Ok(standing) = self.limits.peek(key.counters, key.limits, ctx.now_ms).await else {
-            let unavailable = GatewayError::new(
-                ErrorCode::Unavailable,
-                "the shared limit store cannot be reached; retry shortly",
-            )
-            .retry_after(Some(1));
-            return respond(session, ctx, unavailable).await;
-        };
-        ctx.rate = Some(RateHeaders::for_quota(
-            &standing.headline(key.limits),
-            &key.policy,
-        ));
-        let (minute, day) = (standing.minute, standing.day);
-        pages::rate_limit(session, ctx, key, minute, day, standing.banned_until_ms).await
-    }
-
-    /// The key the request carries; a failure spends the client address's budget.
-    fn authenticate(
-        &self,
-        request: &RequestHeader,
-        ip: IpAddr,
-        ctx: &mut Ctx,
-    ) -> std::result::Result<Arc<ActiveKey>, GatewayError> {
-        let authorization = request
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .map(HeaderValue::as_bytes);
-        let failure = match authorize(authorization, &self.keys.current(), ctx.now_ms) {
-            Ok(key) => {
-                key.touch(ctx.now_ms);
-                return Ok(key);
-            }
-            Err(failure) => failure,
-        };
-        metrics::AUTH_FAILURES
-            .with_label_values(&[failure.label()])
-            .inc();
-        let budget = self.failures.fail(ip, ctx.now_ms);
-        ctx.rate = Some(self.address_rate(budget));
-        if !budget.exhausted {
-            return Err(GatewayError::new(
-                ErrorCode::Unauthorized,
-                failure.message(),
-            ));
-        }
-        let wait = ceil_secs(budget.reset_ms.saturating_sub(ctx.now_ms)).max(1);
-        Err(GatewayError::new(
-            ErrorCode::TooManyAuthFailures,
-            format!("too many requests with missing or invalid keys from this address; retry in {wait} s"),
-        )
-        .retry_after(Some(wait)))
-    }
-
-    /// Counts the request against the key's limits, or says which one refuses it.
-    async fn apply_limits(
-        &self,
-        key: &ActiveKey,
-        ctx: &mut Ctx,
-    ) -> std::result::Result<(), GatewayError> {
-        let bans = ctx.settings.bans;
-        let plan = key.plan.to_str().unwrap_or("?");
-        let Ok(decision) = self
-            .limits
-            .check(key.counters, key.limits, &bans, ctx.now_ms)
-            .await
-        else {
-            metrics::REFUSALS
-                .with_label_values(&[plan, "unavailable"])
-                .inc();
-            return Err(GatewayError::new(
-                ErrorCode::Unavailable,
-                "the shared limit store cannot be reached; retry shortly",
-            )
-            .retry_after(Some(1)));
-        };
-        ctx.rate = Some(RateHeaders::for_key(&decision, &key.policy));
-        if decision.ban_imposed {
-            metrics::BANS.with_label_values(&[plan]).inc();
-        }
-        let retry = decision.retry_after_secs(ctx.now_ms);
-        let wait = retry.unwrap_or(1);
-        let (code, message) = match decision.verdict {
-            Verdict::Admitted => return Ok(()),
-            Verdict::RateLimited => (
-                ErrorCode::RateLimited,
-                format!(
-                    "this key's limit of {} requests per minute is spent; retry in {wait} s",
-                    key.limits.per_minute
-                ),
-            ),
-            Verdict::QuotaExceeded => (
-                ErrorCode::QuotaExceeded,
-                format!(
-                    "this key's quota of {} requests per day is spent; it resets at 00:00 UTC, in {wait} s",
-                    key.limits.per_day
-                ),
-            ),
-            Verdict::Banned => (
-                ErrorCode::KeyBanned,
-                format!(
-                    "this key is banned for repeated requests over its limit; retry in {wait} s"
-                ),
-            ),
-        };
-        metrics::REFUSALS
-            .with_label_values(&[plan, code.as_str()])
-            .inc();
-        Err(GatewayError::new(code, message).retry_after(retry))
-    }
-
-    /// The rate-limit headers of a request without a valid key: its address's failure budget.
-    fn address_rate(&self, budget: Budget) -> RateHeaders {
-        RateHeaders::for_address(&budget, &self.address_policy)
-    }
-
-    /// Rewrites the request path to its one normalized form, or says why it has none.
-    fn normalize(&self, session: &mut Session) -> std::result::Result<(), &'static str> {
-        let uri = &session.req_header().uri;
-        let rewritten = match normalize_path(uri.path()).map_err(|e| e.message())? {
-            std::borrow::Cow::Borrowed(_) => return Ok(()),
-            std::borrow::Cow::Owned(path) => match uri.query() {
-                Some(query) => format!("{path}?{query}"),
-                None => path,
-            },
-        };
-        let uri = http::Uri::try_from(rewritten).map_err(|_| "the request target is malformed")?;
-        session.req_header_mut().set_uri(uri);
-        Ok(())
-    }
-}
-
-/// Refuses requests with more headers, or more header bytes, than are forwarded.
-fn check_headers(request: &RequestHeader, settings: &Settings) -> std::result::Result<(), String> {
-    if request.headers.len() > MAX_HEADERS {
-        return Err(format!("a request may carry at most {MAX_HEADERS} headers"));
-    }
-    let bytes: usize = request
-        .headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len())
-        .sum();
-    if bytes > settings.max_header_bytes {
-        return Err(format!(
-            "the request headers are larger than {} bytes",
-            settings.max_header_bytes
-        ));
-    }
-    Ok(())
-}
-
-fn too_large(settings: &Settings) -> GatewayError {
-    GatewayError::new(
-        ErrorCode::PayloadTooLarge,
-        format!(
-            "the request body is larger than {} bytes",
-            settings.max_body_bytes
-        ),
-    )
 }
 
 static REQUEST_IDS: Lazy<(u32, AtomicU64)> = Lazy::new(|| {
