@@ -291,7 +291,6 @@ impl Reloads {
                 log::info!("gateway: SIGHUP: configuration reloaded");
             }
             Err(e) => {
-                metrics::RELOAD_FAILURES.inc();
                 metrics::RELOADS.with_label_values(&["error"]).inc();
                 log::error!(
                     "gateway: SIGHUP: the configuration was refused, the previous one stays in force: {e}"

@@ -179,17 +179,6 @@ pub static LIMIT_STORE_OUTAGES: Lazy<IntCounter> = Lazy::new(|| {
     )
 });
 
-/// Reloads asked for by SIGHUP that failed (the previous configuration stays in force).
-pub static RELOAD_FAILURES: Lazy<IntCounter> = Lazy::new(|| {
-    register(
-        IntCounter::new(
-            "gateway_reload_failures_total",
-            "SIGHUP reloads refused because a file had an error",
-        )
-        .expect("valid metric"),
-    )
-});
-
 /// Reloads asked for by SIGHUP, by result (`ok`, `error`).
 pub static RELOADS: Lazy<IntCounterVec> = Lazy::new(|| {
     register(
@@ -224,7 +213,6 @@ pub fn render() -> Vec<u8> {
     Lazy::force(&KEY_LOADS);
     Lazy::force(&LIMIT_STORE_FALLBACKS);
     Lazy::force(&LIMIT_STORE_OUTAGES);
-    Lazy::force(&RELOAD_FAILURES);
     for result in ["ok", "error"] {
         RELOADS.with_label_values(&[result]);
     }
