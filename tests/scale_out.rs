@@ -93,8 +93,11 @@ struct Fleet {
     _backend: Backend,
 }
 
+/// Their Redis timeout is generous: these tests are about exactness, and two debug-built
+/// gateways under a burst on a loaded two-core machine can take longer than the default 50 ms,
+/// which would (rightly) put them in fallback.
 fn fleet(dir: &Path, url_a: &str, url_b: &str) -> Fleet {
-    let config = config(dir, "");
+    let config = config(dir, "[gateway.redis]\ntimeout_ms = 5000");
     let backend = Backend::start(&dir.join("backend-data"));
     let a = GatewayOnly::start(dir, "a", &config, backend.addr, &["--redis-url", url_a]);
     let b = GatewayOnly::start(dir, "b", &config, backend.addr, &["--redis-url", url_b]);
@@ -108,6 +111,17 @@ fn fleet(dir: &Path, url_a: &str, url_b: &str) -> Fleet {
 
 fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|&&s| s == status).count()
+}
+
+/// Every decision of `gateways` so far was made in Redis, not by a fallback.
+fn assert_all_decided_in_redis(gateways: &[&GatewayOnly]) {
+    for g in gateways {
+        assert_eq!(
+            metric(g.admin, "gateway_limit_store_fallbacks_total"),
+            Some(0.0),
+            "a gateway fell back: redis was slower than timeout_ms or away"
+        );
+    }
 }
 
 /// Two gateways with separate data directories over one Redis: they share keys, never admit
@@ -129,6 +143,7 @@ async fn two_gateways_share_keys_limits_and_bans_through_redis() {
     a.wait_keys(1);
     b.wait_keys(1);
     let statuses = burst(&[&a, &b], &key, 300).await;
+    assert_all_decided_in_redis(&[&a, &b]);
     assert_eq!(
         count(&statuses, 200),
         100,
@@ -370,6 +385,7 @@ async fn two_gateways_on_a_redis_cluster_admit_exactly_the_limit() {
     }
     for key in &keys_made {
         let statuses = burst(&[&a, &b], key, 150).await;
+        assert_all_decided_in_redis(&[&a, &b]);
         assert_eq!(count(&statuses, 200), 60, "{statuses:?}");
     }
     let log = std::fs::read_to_string(&a.proc.log).unwrap();
