@@ -4,7 +4,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{PETS_ROUTE, Stack, TestUpstream, assert_error, client, header, key_id, raw_http};
+use common::{
+    PETS_ROUTE, Stack, TestUpstream, assert_error, client, header, key_id, metric, raw_http,
+    wait_metric,
+};
 use serde_json::{Value, json};
 
 fn orders_route(upstream: &TestUpstream, extra: &str) -> String {
@@ -546,5 +549,83 @@ fn idle_keep_alive_connections_are_closed_after_the_timeout() {
     assert!(
         waited >= Duration::from_millis(900) && waited < Duration::from_secs(8),
         "{waited:?}"
+    );
+}
+
+/// A client that starts a request head and trickles the rest is closed once the head has taken
+/// `gateway.header_timeout_seconds`, however steadily it sends; a silent new connection is
+/// closed after the keep-alive timeout. Both are counted, and other clients are served
+/// meanwhile.
+#[test]
+fn slow_request_heads_and_silent_connections_are_closed() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!("keepalive_timeout_seconds = 3\nheader_timeout_seconds = 1\n{PETS_ROUTE}"),
+    );
+    let key = stack.key(&["--plan", "business"]);
+    let silent = std::net::TcpStream::connect(stack.listen).unwrap();
+    let mut slow = std::net::TcpStream::connect(stack.listen).unwrap();
+    // One byte every 100 ms (the read timeout paces it): each read is quick, the head as a
+    // whole is not.
+    slow.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let head = format!("GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n");
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    let mut closed_after = None;
+    for byte in head.as_bytes() {
+        let sent = slow.write_all(&[*byte]);
+        let read = slow.read(&mut buf);
+        match read {
+            Err(e) if sent.is_ok() && e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Ok(n) if n > 0 => panic!("answered: {}", String::from_utf8_lossy(&buf[..n])),
+            _ => {
+                closed_after = Some(started.elapsed());
+                break;
+            }
+        }
+    }
+    let closed_after = closed_after.expect("the slow head was never closed");
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(6),
+        "closed after {closed_after:?}, the header timeout is 1 s"
+    );
+    assert_eq!(
+        metric(
+            stack.admin,
+            "gateway_client_timeouts_total{phase=\"header\"}"
+        ),
+        Some(1.0)
+    );
+
+    // A well-behaved request on a new connection is served meanwhile.
+    let mut quick = std::net::TcpStream::connect(stack.listen).unwrap();
+    quick
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    quick.write_all(head.as_bytes()).unwrap();
+    let n = quick.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+
+    // The connection that never sent a byte goes at the keep-alive timeout.
+    wait_metric(
+        stack.admin,
+        "gateway_client_timeouts_total{phase=\"idle\"}",
+        Duration::from_secs(10),
+        |v| v >= 1.0,
+    );
+    let mut silent = silent;
+    silent
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .unwrap();
+    assert_eq!(silent.read(&mut buf).unwrap(), 0, "closed by the gateway");
+    drop(quick);
+    wait_metric(
+        stack.admin,
+        "gateway_client_connections",
+        Duration::from_secs(10),
+        |v| v == 0.0,
     );
 }

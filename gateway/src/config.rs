@@ -46,6 +46,9 @@ pub const DEFAULT_AUTH_FAILURES_PER_MINUTE: u32 = 60;
 pub const DEFAULT_KEY_REFRESH_MS: u64 = 500;
 /// Default idle time after which a client connection is closed, as nginx's default is 75 s.
 pub const DEFAULT_KEEPALIVE_TIMEOUT_SECONDS: u64 = 60;
+/// Default time a request head may take once its first byte is in (HAProxy's usual
+/// `timeout http-request`; a real client sends its head at once).
+pub const DEFAULT_HEADER_TIMEOUT_SECONDS: u64 = 10;
 /// How long a pool's health check waits for a connection.
 pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_millis(500);
 /// The upstream name that means "the backend of this deployment" (`--backend-listen`).
@@ -65,6 +68,9 @@ pub struct GatewayConfig {
     /// A client connection idle this long between requests is closed (nginx's
     /// `keepalive_timeout`); HTTP/2 connections too.
     pub keepalive_timeout_seconds: NonZeroU64,
+    /// A plain-HTTP request head not complete this long after its first byte closes the
+    /// connection (nginx's `client_header_timeout`), so slow clients cannot hold sessions.
+    pub header_timeout_seconds: NonZeroU64,
     /// Request bodies over this many bytes get 413 without reaching an upstream.
     pub max_body_bytes: u64,
     /// Requests whose header names and values exceed this many bytes get 400 `invalid_request`.
@@ -163,6 +169,8 @@ impl Default for GatewayConfig {
             admin_listen: DEFAULT_ADMIN_LISTEN.parse().expect("valid default"),
             threads: None,
             keepalive_timeout_seconds: NonZeroU64::new(DEFAULT_KEEPALIVE_TIMEOUT_SECONDS)
+                .expect("non-zero"),
+            header_timeout_seconds: NonZeroU64::new(DEFAULT_HEADER_TIMEOUT_SECONDS)
                 .expect("non-zero"),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
@@ -289,6 +297,8 @@ pub struct Settings {
     pub threads: usize,
     /// Idle client connections are closed after this long.
     pub keepalive_timeout: Duration,
+    /// A request head must be complete this long after its first byte.
+    pub header_timeout: Duration,
     /// Request body limit.
     pub max_body_bytes: u64,
     /// Request header limit (names and values together).
@@ -415,6 +425,7 @@ impl Settings {
                 NonZeroUsize::get,
             ),
             keepalive_timeout: Duration::from_secs(config.keepalive_timeout_seconds.get()),
+            header_timeout: Duration::from_secs(config.header_timeout_seconds.get()),
             max_body_bytes: config.max_body_bytes,
             max_header_bytes: config.max_header_bytes,
             connect_timeout: Duration::from_millis(config.connect_timeout_ms.get()),

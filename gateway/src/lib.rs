@@ -12,6 +12,7 @@ pub mod auth;
 pub mod bans;
 pub mod client;
 pub mod config;
+pub mod connections;
 pub mod cors;
 pub mod deprecation;
 pub mod errors;
@@ -52,6 +53,13 @@ use keyring::REDIS_CACHE_FILE;
 use redis_conn::{RedisError, RedisHub};
 use redis_keys::RedisKeyStore;
 use store::{EmbeddedStore, LimitStore, RedisStore};
+
+use connections::Connections;
+use pingora::listeners::ListenerConfig;
+use pingora::protocols::l4::stream::L4BufferSettings;
+
+/// Read buffer of a plain-HTTP client connection (pingora's default is 64 KiB).
+const PLAIN_READ_BUFFER: usize = 1024;
 
 /// Time pingora gives its runtimes to finish after the grace period.
 const RUNTIME_SHUTDOWN_SECONDS: u64 = 5;
@@ -140,16 +148,25 @@ pub fn run(
     let settings = Arc::new(settings);
     let live = Arc::new(ArcSwap::new(settings.clone()));
 
-    let mut public = pingora_proxy::http_proxy_service(
-        &server.configuration,
-        proxy::Gateway::new(live.clone(), keyring.clone(), limits.clone()),
+    let mut connections = Connections::new(
+        pingora_proxy::http_proxy(
+            &server.configuration,
+            proxy::Gateway::new(live.clone(), keyring.clone(), limits.clone()),
+        ),
+        live.clone(),
     );
-    if let Some(app) = public.app_logic_mut() {
+    if let Some(app) = connections.app_mut() {
         let mut options = pingora::apps::HttpServerOptions::default();
         options.h2_idle_timeout = Some(settings.keepalive_timeout);
         app.server_options = Some(options);
     }
-    public.add_tcp(&settings.listen.to_string());
+    let mut public = Service::new("gateway".to_owned(), connections);
+    // pingora's default 64 KiB read buffer would stay resident in every idle connection; the
+    // HTTP/1 parser reads the head into its own buffer, so plain HTTP needs only a small one.
+    public.add_listener(
+        ListenerConfig::tcp(settings.listen.to_string())
+            .l4_buffer(L4BufferSettings::default().read(PLAIN_READ_BUFFER)),
+    );
     if let (Some((listen, _)), Some(certificate)) = (&settings.tls, &certificate) {
         public.add_tls_with_settings(&listen.to_string(), None, certificate.listener_settings());
     }

@@ -204,6 +204,50 @@ pub static UPSTREAM_HEALTHY: Lazy<IntGaugeVec> = Lazy::new(|| {
     )
 });
 
+/// Client connections closed by the gateway's timeouts, by phase: `idle` (no request within
+/// `keepalive_timeout_seconds`), `header` (a request head not complete within
+/// `header_timeout_seconds`).
+pub static CLIENT_TIMEOUTS: Lazy<IntCounterVec> = Lazy::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "gateway_client_timeouts_total",
+                "Client connections closed for silence between requests (idle) or a slow request head (header)",
+            ),
+            &["phase"],
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Plain-HTTP client connections open now.
+pub static CLIENT_CONNECTIONS: Lazy<IntGauge> = Lazy::new(|| {
+    register(
+        IntGauge::new(
+            "gateway_client_connections",
+            "Client connections over plain HTTP open now",
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Counts one open connection in [`CLIENT_CONNECTIONS`] for as long as it lives.
+pub struct OpenConnection(());
+
+impl OpenConnection {
+    /// Counts a connection that just opened, until the value is dropped.
+    pub fn open() -> OpenConnection {
+        CLIENT_CONNECTIONS.inc();
+        OpenConnection(())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        CLIENT_CONNECTIONS.dec();
+    }
+}
+
 /// The text exposition of every metric.
 pub fn render() -> Vec<u8> {
     Lazy::force(&RESPONSES);
@@ -213,8 +257,12 @@ pub fn render() -> Vec<u8> {
     Lazy::force(&KEY_LOADS);
     Lazy::force(&LIMIT_STORE_FALLBACKS);
     Lazy::force(&LIMIT_STORE_OUTAGES);
+    Lazy::force(&CLIENT_CONNECTIONS);
     for result in ["ok", "error"] {
         RELOADS.with_label_values(&[result]);
+    }
+    for phase in ["idle", "header"] {
+        CLIENT_TIMEOUTS.with_label_values(&[phase]);
     }
     let mut out = Vec::new();
     TextEncoder::new()

@@ -170,6 +170,7 @@ impl ProxyHttp for Gateway {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
+        crate::connections::head_read();
         Ctx {
             settings: self.live.load_full(),
             client: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -196,8 +197,9 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        // HTTP/1.1 keep-alive is unbounded in pingora: close idle clients as nginx does. (Off
-        // stays off: `Connection: close` and HTTP/1.0 without keep-alive.)
+        // HTTP/1.1 keep-alive is unbounded in pingora: close idle clients as nginx does (over
+        // TLS; plain connections are timed by `connections`). Off stays off: `Connection:
+        // close` and HTTP/1.0 without keep-alive.
         if session.get_keepalive().is_some() {
             session.set_keepalive(Some(ctx.settings.keepalive_timeout.as_secs()));
         }

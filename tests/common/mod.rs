@@ -140,10 +140,13 @@ impl Backend {
 }
 
 /// An HTTP client that never follows redirects and never reuses a stale pool across restarts.
+/// Like any client of a server that closes idle connections (the gateway after 60 s), it gives
+/// up its own idle connections sooner, so it never sends on one the gateway is closing.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(30))
+        .pool_idle_timeout(Duration::from_secs(30))
         .build()
         .unwrap()
 }
