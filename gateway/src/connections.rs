@@ -3,18 +3,21 @@
 //! pingora drives a keep-alive connection by awaiting the next request inside the whole
 //! per-request proxy state machine, with the previous request's session and buffers: about
 //! 100 KB per idle connection, for as long as the client keeps it open. [`Connections`] owns
-//! the keep-alive loop instead. Between requests a connection is only its socket: it waits for
-//! the first byte of the next request (at most `gateway.keepalive_timeout_seconds`), and only
-//! then builds a session and hands it to the proxy. Once that byte is in, the rest of the
-//! request head must follow within `gateway.header_timeout_seconds` (nginx's
-//! `client_header_timeout`), or the connection is closed: a slow client cannot hold a session
-//! open by trickling its header.
+//! the keep-alive loop instead. Between requests a connection is only its socket, its small
+//! buffers and a 430-byte task: it waits until the client sends the next request (at most
+//! `gateway.keepalive_timeout_seconds`), and only then builds a session and hands it to the
+//! proxy. The request head must then be complete within `gateway.header_timeout_seconds`
+//! (nginx's `client_header_timeout`), or the connection is closed: a slow client cannot hold a
+//! session open by trickling its header.
 //!
 //! TLS connections (HTTP/2 or HTTP/1.1 chosen by ALPN) keep pingora's own loop: a TLS stream
 //! cannot be peeked, and HTTP/2 multiplexes its requests anyway.
 
+use std::cell::Cell;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -23,19 +26,33 @@ use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, Ser
 use pingora::protocols::Stream;
 use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
+use tokio::io::AsyncReadExt;
 
 use crate::config::Settings;
 use crate::metrics;
 
-tokio::task_local! {
-    /// Set by the proxy once it has a request head: from then on the header timeout is off.
-    static HEAD_READ: Arc<AtomicBool>;
+thread_local! {
+    /// Set by the proxy when it has a request head, during the poll that read it.
+    static HEAD_READ: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Tells the connection this request runs on that its head has been read (called by the
-/// proxy's first hook; a no-op outside [`Connections`], e.g. over TLS).
+/// Tells the connection whose request is being polled on this thread that its head has been
+/// read (called by the proxy's first hook; harmless where nothing watches, e.g. over TLS).
 pub fn head_read() {
-    let _ = HEAD_READ.try_with(|flag| flag.store(true, Ordering::Relaxed));
+    HEAD_READ.set(true);
+}
+
+/// Polls `request` until it finishes (`Some`) or has read its request head (`None`).
+async fn until_head<F: Future + Unpin>(request: &mut F) -> Option<F::Output> {
+    poll_fn(|cx| {
+        HEAD_READ.set(false);
+        match Pin::new(&mut *request).poll(cx) {
+            Poll::Ready(done) => Poll::Ready(Some(done)),
+            Poll::Pending if HEAD_READ.get() => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// The public listener's application: `app` (the proxy) per request, the keep-alive loop here.
@@ -61,22 +78,28 @@ impl<A> Connections<A> {
 
 /// Why a connection's loop ended without another request.
 enum Idle {
-    /// The client sent the first byte of a request.
+    /// Bytes of a request are in the read buffer (or the client closed: the session finds out).
     Request,
-    /// The client closed, the idle timeout passed, or the gateway is shutting down.
+    /// The idle timeout passed, the connection failed, or the gateway is shutting down.
     Close,
 }
 
-/// Waits, holding nothing but `stream`, until the client sends a byte, closes, stays silent
-/// for `timeout`, or the gateway starts shutting down.
-async fn await_request(stream: &mut Stream, timeout: Duration, shutdown: &ShutdownWatch) -> Idle {
-    let mut byte = [0u8; 1];
-    let mut shutdown = shutdown.clone();
+/// Waits, holding nothing but `stream`, until the client sends something, stays silent for
+/// `timeout`, or the gateway starts shutting down.
+///
+/// A zero-length read of a stream with a read buffer (the listener's, [`crate::PLAIN_READ_BUFFER`]
+/// bytes) fills that buffer from the socket without consuming anything, so the session that
+/// follows parses the request from it with no extra system call.
+async fn await_request(
+    stream: &mut Stream,
+    timeout: Duration,
+    shutdown: &mut ShutdownWatch,
+) -> Idle {
     tokio::select! {
         biased;
-        peeked = tokio::time::timeout(timeout, stream.try_peek(&mut byte)) => match peeked {
-            Ok(Ok(true)) => Idle::Request,
-            Ok(_) => Idle::Close,
+        filled = pingora_timeout::timeout(timeout, stream.read(&mut [])) => match filled {
+            Ok(Ok(_)) => Idle::Request,
+            Ok(Err(_)) => Idle::Close,
             Err(_) => {
                 metrics::CLIENT_TIMEOUTS.with_label_values(&["idle"]).inc();
                 Idle::Close
@@ -100,7 +123,7 @@ where
             return ServerApp::process_new(&self.app, stream, shutdown).await;
         }
         // pingora's task for a connection is sized for a TLS handshake (about 8 KB) and lives as
-        // long as the connection; a task of our own holds the connection in a few hundred bytes.
+        // long as the connection; a task of our own holds the connection in about 430 bytes.
         tokio::spawn(self.clone().serve(stream, shutdown.clone()));
         None
     }
@@ -115,20 +138,20 @@ where
     A: HttpServerApp + Send + Sync + 'static,
 {
     /// The keep-alive loop of one plain-HTTP connection. Between requests its task holds the
-    /// stream and this loop's few hundred bytes; a request's state is boxed and freed with it.
-    async fn serve(self: Arc<Self>, mut stream: Stream, shutdown: ShutdownWatch) {
+    /// stream and this loop's few hundred bytes; a request's state (boxed by pingora) is freed
+    /// with it.
+    async fn serve(self: Arc<Self>, mut stream: Stream, mut shutdown: ShutdownWatch) {
         let _open = metrics::OpenConnection::open();
-        let head = Arc::new(AtomicBool::new(false));
         let mut persisted: Option<HttpPersistentSettings> = None;
         loop {
             // A connection that has sent nothing yet is as cheap as an idle one, so the first
             // request gets the keep-alive timeout too.
             let idle = self.live.load().keepalive_timeout;
-            if let Idle::Close = await_request(&mut stream, idle, &shutdown).await {
+            if let Idle::Close = await_request(&mut stream, idle, &mut shutdown).await {
                 return;
             }
-            let request = Box::pin(self.request(stream, persisted, &shutdown, &head));
-            match request.await {
+            // Boxed: a request's state is twice the size of this loop's.
+            match Box::pin(self.request(stream, persisted, &shutdown)).await {
                 Some(reused) => (stream, persisted) = reused.consume(),
                 None => return,
             }
@@ -142,7 +165,6 @@ where
         stream: Stream,
         persisted: Option<HttpPersistentSettings>,
         shutdown: &ShutdownWatch,
-        head: &Arc<AtomicBool>,
     ) -> Option<ReusedHttpStream> {
         let settings = self.live.load_full();
         let mut session = ServerSession::new_http1(stream);
@@ -153,19 +175,17 @@ where
         if *shutdown.borrow() {
             session.set_keepalive(None);
         }
-        head.store(false, Ordering::Relaxed);
-        let request = HEAD_READ.scope(head.clone(), self.app.process_new_http(session, shutdown));
-        tokio::pin!(request);
-        tokio::select! {
-            biased;
-            reused = &mut request => reused,
-            _ = tokio::time::sleep(settings.header_timeout) => {
-                if head.load(Ordering::Relaxed) {
-                    request.await
-                } else {
-                    metrics::CLIENT_TIMEOUTS.with_label_values(&["header"]).inc();
-                    None
-                }
+        let mut request = self.app.process_new_http(session, shutdown);
+        // Nearly every head arrives whole and is read by the first poll; the timer starts only
+        // if it is not (pingora's timeouts arm lazily).
+        match pingora_timeout::timeout(settings.header_timeout, until_head(&mut request)).await {
+            Ok(Some(done)) => done,
+            Ok(None) => request.await,
+            Err(_) => {
+                metrics::CLIENT_TIMEOUTS
+                    .with_label_values(&["header"])
+                    .inc();
+                None
             }
         }
     }

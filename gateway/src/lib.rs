@@ -58,8 +58,10 @@ use connections::Connections;
 use pingora::listeners::ListenerConfig;
 use pingora::protocols::l4::stream::L4BufferSettings;
 
-/// Read buffer of a plain-HTTP client connection (pingora's default is 64 KiB).
-const PLAIN_READ_BUFFER: usize = 1024;
+/// Read buffer of a plain-HTTP client connection (pingora's default is 64 KiB; nginx's
+/// `client_header_buffer_size` is 1 KiB). Must not be 0: an idle connection waits for its next
+/// request by filling this buffer ([`connections`]).
+pub const PLAIN_READ_BUFFER: usize = 1024;
 
 /// Time pingora gives its runtimes to finish after the grace period.
 const RUNTIME_SHUTDOWN_SECONDS: u64 = 5;
@@ -164,8 +166,14 @@ pub fn run(
     // pingora's default 64 KiB read buffer would stay resident in every idle connection; the
     // HTTP/1 parser reads the head into its own buffer, so plain HTTP needs only a small one.
     public.add_listener(
-        ListenerConfig::tcp(settings.listen.to_string())
-            .l4_buffer(L4BufferSettings::default().read(PLAIN_READ_BUFFER)),
+        ListenerConfig::tcp(settings.listen.to_string()).l4_buffer(
+            L4BufferSettings::default().read(
+                std::env::var("EXP_READ")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(PLAIN_READ_BUFFER),
+            ),
+        ),
     );
     if let (Some((listen, _)), Some(certificate)) = (&settings.tls, &certificate) {
         public.add_tls_with_settings(&listen.to_string(), None, certificate.listener_settings());
