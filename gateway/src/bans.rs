@@ -4,6 +4,7 @@
 //! ban that starts within `repeat_window` of the previous one doubles the time, up to `max`.
 //! Pure state and arithmetic: the limiter calls it under its per-key lock, with `now`.
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 /// The ban rules, from `[gateway.bans]`.
@@ -30,15 +31,18 @@ impl Default for BanPolicy {
     }
 }
 
-/// One key's ban history.
+/// One key's way to a ban: refusals towards the next one, and the history of the last.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BanState {
     /// Unix milliseconds at which the current (or last) ban ends.
     pub until_ms: u64,
     /// When the last ban started, if there was one.
-    pub last_start_ms: Option<u64>,
-    /// Doublings of the last ban (0 for a first ban).
-    pub level: u32,
+    pub last_start_ms: Option<NonZeroU64>,
+    /// Requests refused in the current minute window (saturating).
+    pub refused_in_window: u32,
+    /// Doublings of the last ban (0 for a first ban; a ban stops growing at `max` long before
+    /// 255 doublings).
+    pub level: u8,
 }
 
 impl BanState {
@@ -52,25 +56,27 @@ impl BanState {
     pub fn is_forgotten(&self, policy: &BanPolicy, now_ms: u64) -> bool {
         now_ms >= self.until_ms
             && self.last_start_ms.is_none_or(|last| {
-                now_ms.saturating_sub(last) >= policy.repeat_window.as_millis() as u64
+                now_ms.saturating_sub(last.get()) >= policy.repeat_window.as_millis() as u64
             })
     }
 
     /// Bans the key from `now_ms`; returns when the ban ends.
     pub fn impose(&mut self, policy: &BanPolicy, now_ms: u64) -> u64 {
         let repeat = self.last_start_ms.is_some_and(|last| {
-            now_ms.saturating_sub(last) < policy.repeat_window.as_millis() as u64
+            now_ms.saturating_sub(last.get()) < policy.repeat_window.as_millis() as u64
         });
         self.level = if repeat {
             self.level.saturating_add(1)
         } else {
             0
         };
-        let factor = 1u64.checked_shl(self.level.min(40)).unwrap_or(u64::MAX);
+        let factor = 1u64
+            .checked_shl(u32::from(self.level.min(40)))
+            .unwrap_or(u64::MAX);
         let length = (policy.base.as_millis() as u64)
             .saturating_mul(factor)
             .min(policy.max.as_millis() as u64);
-        self.last_start_ms = Some(now_ms);
+        self.last_start_ms = NonZeroU64::new(now_ms);
         self.until_ms = now_ms + length;
         self.until_ms
     }

@@ -16,7 +16,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::bans::{BanPolicy, BanState};
+use crate::bans::BanPolicy;
 use crate::keys::KeyId;
 use crate::limits::{Decision, KeyState, Limiter, Standing};
 use crate::plans::Limits;
@@ -26,6 +26,10 @@ pub const SNAPSHOT_FILE: &str = "limits.bin";
 /// `ASLIMIT1` in ASCII: says what the file is and which layout it has.
 const MAGIC: u64 = u64::from_le_bytes(*b"ASLIMIT1");
 const WORDS_PER_KEY: usize = 9;
+/// Which of a key's fields ([`KeyState::fields`]) may be absent: the minute window's start and
+/// the last ban's. The file stores those one more than themselves, and absent as 0; the others
+/// as they are.
+const OPTIONAL: [bool; 8] = [true, false, false, false, false, false, true, false];
 
 /// Why the snapshot could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -140,18 +144,13 @@ fn encode(states: &[(KeyId, KeyState)]) -> Vec<u8> {
     put(MAGIC);
     put(states.len() as u64);
     for (id, s) in states {
-        for word in [
-            id.0,
-            s.minute_start_ms.map_or(0, |t| t + 1),
-            s.minute_count,
-            s.refused_in_window,
-            s.day,
-            s.day_count,
-            s.ban.until_ms,
-            s.ban.last_start_ms.map_or(0, |t| t + 1),
-            u64::from(s.ban.level),
-        ] {
-            put(word);
+        put(id.0);
+        for (field, optional) in s.fields().into_iter().zip(OPTIONAL) {
+            put(if optional {
+                field.map_or(0, |v| v + 1)
+            } else {
+                field.unwrap_or(0)
+            });
         }
     }
     out
@@ -168,32 +167,29 @@ fn decode(bytes: &[u8]) -> Option<Vec<(KeyId, KeyState)>> {
     if bytes.len() != 16 + count.checked_mul(WORDS_PER_KEY * 8)? {
         return None;
     }
-    let optional = |w: u64| w.checked_sub(1);
     let mut states = Vec::with_capacity(count);
     for _ in 0..count {
-        let w: Vec<u64> = words.by_ref().take(WORDS_PER_KEY).collect();
-        states.push((
-            KeyId(w[0]),
-            KeyState {
-                minute_start_ms: optional(w[1]),
-                minute_count: w[2],
-                refused_in_window: w[3],
-                day: w[4],
-                day_count: w[5],
-                ban: BanState {
-                    until_ms: w[6],
-                    last_start_ms: optional(w[7]),
-                    level: u32::try_from(w[8]).ok()?,
-                },
-            },
-        ));
+        let id = KeyId(words.next()?);
+        let mut fields = [None; 8];
+        for (field, optional) in fields.iter_mut().zip(OPTIONAL) {
+            let word = words.next()?;
+            *field = if optional {
+                word.checked_sub(1)
+            } else {
+                Some(word)
+            };
+        }
+        states.push((id, KeyState::from_fields(fields)));
     }
     Some(states)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU64;
+
     use super::*;
+    use crate::bans::BanState;
     use crate::limits::Verdict;
 
     const T0: u64 = 1_795_341_600_000;
@@ -259,12 +255,12 @@ mod tests {
     #[test]
     fn encoding_round_trips() {
         let state = KeyState {
-            minute_start_ms: Some(0),
-            minute_count: u64::MAX,
-            refused_in_window: 4,
+            minute_start_ms: NonZeroU64::new(1),
+            minute_count: u32::MAX,
             day: 20_000,
             day_count: 1 << 40,
             ban: BanState {
+                refused_in_window: 4,
                 until_ms: 9,
                 last_start_ms: None,
                 level: 3,
@@ -273,5 +269,32 @@ mod tests {
         let states = vec![(KeyId(u64::MAX), state), (KeyId(0), KeyState::default())];
         assert_eq!(decode(&encode(&states)).unwrap(), states);
         assert!(decode(&encode(&states)[..20]).is_none());
+    }
+
+    /// The file format is pinned: a snapshot written before the state was packed reads the same.
+    #[test]
+    fn a_snapshot_in_the_first_format_reads_back() {
+        let words: [u64; 11] = [MAGIC, 1, 7, T0 + 1, 5, 2, 20_781, 9, 0, T0 - 999 + 1, 1];
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let states = decode(&bytes).unwrap();
+        assert_eq!(
+            states,
+            vec![(
+                KeyId(7),
+                KeyState {
+                    minute_start_ms: NonZeroU64::new(T0),
+                    minute_count: 5,
+                    day: 20_781,
+                    day_count: 9,
+                    ban: BanState {
+                        refused_in_window: 2,
+                        until_ms: 0,
+                        last_start_ms: NonZeroU64::new(T0 - 999),
+                        level: 1,
+                    },
+                },
+            )]
+        );
+        assert_eq!(encode(&states), bytes);
     }
 }

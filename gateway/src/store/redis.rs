@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::Unavailable;
-use crate::bans::{BanPolicy, BanState};
+use crate::bans::BanPolicy;
 use crate::keys::KeyId;
 use crate::limits::{DAY_MS, Decision, KeyState, Limiter, MINUTE_MS, Quota, Standing, Verdict};
 use crate::metrics;
@@ -151,18 +151,8 @@ impl RedisStore {
             .await;
             match read {
                 Ok(f) => {
-                    let state = KeyState {
-                        minute_start_ms: f[0],
-                        minute_count: f[1].unwrap_or(0),
-                        refused_in_window: f[2].unwrap_or(0),
-                        day: f[3].unwrap_or(0),
-                        day_count: f[4].unwrap_or(0),
-                        ban: BanState {
-                            until_ms: f[5].unwrap_or(0),
-                            last_start_ms: f[6],
-                            level: f[7].unwrap_or(0) as u32,
-                        },
-                    };
+                    let mut f = f.into_iter();
+                    let state = KeyState::from_fields(std::array::from_fn(|_| f.next().flatten()));
                     return Ok(state.peek(limits, now_ms));
                 }
                 Err(e) => self.went_down(&e),
