@@ -20,6 +20,7 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis):
 """
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import re
@@ -312,8 +313,6 @@ def part_get(upstream, results):
         for name in order:
             if name == "2 gateways (redis)":
                 ports = [contenders["gateway (redis)"][1], second[1]]
-                with_threads = []
-                import concurrent.futures
                 with concurrent.futures.ThreadPoolExecutor(2) as pool:
                     futs = [pool.submit(wrk, f"http://127.0.0.1:{p}/v1/pets", rkey, CONN // 2) for p in ports]
                     with_threads = [f.result() for f in futs]
@@ -335,9 +334,6 @@ def part_get(upstream, results):
     results["get"] = rows
     results["get_procs"] = {n: c for n, c in contenders.items()}
     results["keys"] = {"embedded": key, "redis": rkey}
-    for name, (proc, _) in contenders.items():
-        if proc and name not in ("nginx", "haproxy", "pingora pass-through", "gateway (embedded)"):
-            pass
     stop(second[0])
     results["_stop_later"] = [redis_proc]
 
@@ -436,7 +432,35 @@ def part_idle(upstream, results):
         rows[name] = (before, after, n)
         log(f"  {name}: {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB, {(after - before) / n * 1024:.0f} B per connection")
         time.sleep(1)
+    rows["serve (gateway and backend, shipped configuration)"] = idle_serve()
     results["idle"] = rows
+
+
+def idle_serve():
+    """The memory target is stated for `serve`: the gateway and the backend in one process."""
+    config = ROOT / "config/animal-store.toml"
+    data = WORK / "serve-data"
+    key = make_key(data, *ENTERPRISE, config=config)
+    port, admin, back = free_port(), free_port(), free_port()
+    proc = start(0, [BIN, "serve", "--config", config, "--data-dir", data, "--listen", f"127.0.0.1:{port}",
+                     "--admin-listen", f"127.0.0.1:{admin}", "--backend-listen", f"127.0.0.1:{back}"],
+                 "serve", env={"RUST_LOG": "warn"})
+    wait_port(port, proc)
+    wait_port(back, proc)
+    wrk(f"http://127.0.0.1:{port}/v1/pets", key, dur=1)
+    time.sleep(1)
+    before = children_rss_kib(proc.pid)
+    loop = asyncio.new_event_loop()
+    conns = loop.run_until_complete(hold_idle(port, key, IDLE))
+    time.sleep(1)
+    after = children_rss_kib(proc.pid)
+    for w in conns:
+        w.close()
+    loop.run_until_complete(asyncio.sleep(0.5))
+    loop.close()
+    stop(proc)
+    log(f"  serve: {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB")
+    return before, after, IDLE
 
 
 def part_creates(results):

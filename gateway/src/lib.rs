@@ -142,6 +142,9 @@ pub fn run(
         threads: settings.threads,
         grace_period_seconds: Some(settings.shutdown_grace_seconds),
         graceful_shutdown_timeout_seconds: Some(RUNTIME_SHUTDOWN_SECONDS),
+        // As nginx's workers do, each thread keeps the connections it was given: no stealing of
+        // tasks between threads (6% more requests a second on one core, bench/results.md).
+        work_stealing: false,
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
@@ -166,14 +169,8 @@ pub fn run(
     // pingora's default 64 KiB read buffer would stay resident in every idle connection; the
     // HTTP/1 parser reads the head into its own buffer, so plain HTTP needs only a small one.
     public.add_listener(
-        ListenerConfig::tcp(settings.listen.to_string()).l4_buffer(
-            L4BufferSettings::default().read(
-                std::env::var("EXP_READ")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(PLAIN_READ_BUFFER),
-            ),
-        ),
+        ListenerConfig::tcp(settings.listen.to_string())
+            .l4_buffer(L4BufferSettings::default().read(PLAIN_READ_BUFFER)),
     );
     if let (Some((listen, _)), Some(certificate)) = (&settings.tls, &certificate) {
         public.add_tls_with_settings(&listen.to_string(), None, certificate.listener_settings());

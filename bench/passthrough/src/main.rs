@@ -37,6 +37,8 @@ fn main() {
         .expect("UPSTREAM is an address like 127.0.0.1:8081");
     let conf = ServerConf {
         threads: 1,
+        // Driven as the gateway is: single-threaded runtimes, no work stealing.
+        work_stealing: false,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
