@@ -247,10 +247,12 @@ impl Store {
         idempotency: Option<IdempotencyKey>,
         now_unix: u64,
     ) -> Result<Created, StoreError> {
-        let trees = self.trees()?;
-        let created = tokio::task::spawn_blocking(move || trees.insert(new, idempotency, now_unix))
-            .await
-            .map_err(|_| StoreError::ShuttingDown)?
+        // Inline, not on a blocking thread: sled inserts into memory (the disk is the flusher's
+        // business), in microseconds, and a hand-off to another thread per create cost more than
+        // the insert (creates with `commit = "none"`: 15.9k/s handed off, 35k/s inline).
+        let created = self
+            .trees()?
+            .insert(new, idempotency, now_unix)
             .map_err(|e| self.failed(e))?;
         if created != Created::KeyReused {
             self.wait_durable().await.map_err(|e| self.failed(e))?;
