@@ -575,7 +575,7 @@ def report(results):
              f"{version(['oha', '--version'])}; {version(['h2load', '--version'])}.", "",
              "Method: the proxy under test pinned to CPU 0 (one worker: nginx `worker_processes 1`, "
              "HAProxy `nbthread 1`, pingora with one thread, which is the gateway's default when it may use "
-             "one CPU); the load generator, the upstream (nginx returning a one-pet JSON array, keep-alive) "
+             "one CPU, and no work stealing, as the gateway ships); the load generator, the upstream (nginx returning a one-pet JSON array, keep-alive) "
              "and Redis on CPU 1. Access logs off. Every round runs every contender after a 1 s warm-up, in "
              "alternating order; values are medians with the rounds' range in brackets. Reproduce with "
              "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS).", ""]
