@@ -1,7 +1,9 @@
 //! The proxy: orchestrates pingora's phases; every decision is made by the modules it calls
-//! ([`crate::admission`] for all of `request_filter`'s).
+//! ([`crate::admission`] for all of `request_filter`'s). Before the first phase, and between
+//! requests of a connection, [`crate::connections`] holds the client connection and times it.
 //!
 //! ```text
+//! new_ctx                 the request's head is in: the header timeout stops
 //! request_filter          client address (trusted proxies) → public pages (docs, OpenAPI) →
 //!                         path normalized (400) → route looked up → CORS preflight (204) →
 //!                         key checked (401 / 429 too_many_auth_failures) → /v1/rate_limit →
