@@ -13,7 +13,7 @@ use pingora::http::RequestHeader;
 use pingora_proxy::Session;
 
 use crate::auth::{Budget, authorize};
-use crate::config::{MAX_HEADERS, Settings};
+use crate::config::MAX_HEADERS;
 use crate::cors::{self, CorsPolicy};
 use crate::errors::{GatewayError, respond};
 use crate::headers::RateHeaders;
@@ -23,6 +23,7 @@ use crate::metrics;
 use crate::pages;
 use crate::proxy::{Ctx, Gateway};
 use crate::routes::normalize_path;
+use crate::settings::Settings;
 use crate::unix_ms;
 
 /// What `admit` decided for a request that is not refused.

@@ -148,7 +148,8 @@ impl FailureBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{KeyStore, generate};
+    use crate::key_store::KeyStore;
+    use crate::keys::generate;
     use crate::plans::Plans;
     use proptest::prelude::*;
 

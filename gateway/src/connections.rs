@@ -28,8 +28,8 @@ use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 use tokio::io::AsyncReadExt;
 
-use crate::config::Settings;
 use crate::metrics;
+use crate::settings::Settings;
 
 thread_local! {
     /// Set by the proxy when it has a request head, during the poll that read it.

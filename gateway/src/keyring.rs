@@ -17,7 +17,8 @@ use futures_util::FutureExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use crate::keys::{KeyError, KeyId, KeyRecord, KeySet, KeyStore, new_key, revoke_in, rotate_in};
+use crate::key_store::KeyStore;
+use crate::keys::{KeyError, KeyId, KeyRecord, KeySet, new_key, revoke_in, rotate_in};
 use crate::metrics;
 use crate::plans::Plans;
 use crate::redis_keys::RedisKeyStore;

@@ -17,6 +17,7 @@ pub mod cors;
 pub mod deprecation;
 pub mod errors;
 pub mod headers;
+pub mod key_store;
 pub mod keyring;
 pub mod keys;
 pub mod limits;
@@ -27,6 +28,7 @@ pub mod proxy;
 pub mod redis_conn;
 pub mod redis_keys;
 pub mod routes;
+pub mod settings;
 pub mod store;
 pub mod tls;
 
@@ -44,9 +46,11 @@ use pingora::services::listening::Service;
 use tokio::sync::Mutex;
 use tokio::sync::{oneshot, watch};
 
-pub use config::{GatewayConfig, Settings};
+pub use config::GatewayConfig;
+pub use key_store::KeyStore;
 pub use keyring::KeySource;
-pub use keys::{KeyError, KeyRecord, KeyStore};
+pub use keys::{KeyError, KeyRecord};
+pub use settings::Settings;
 pub use tls::TlsError;
 
 use keyring::REDIS_CACHE_FILE;

@@ -40,7 +40,6 @@ use crate::access_log::{self, AccessLog};
 use crate::admission::Admission;
 use crate::auth::FailureBudget;
 use crate::client::TrustedProxies;
-use crate::config::Settings;
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, respond};
 use crate::headers::{self, RateHeaders};
@@ -49,6 +48,7 @@ use crate::keys::ActiveKey;
 use crate::metrics;
 use crate::pages;
 use crate::routes::{Route, Upstream};
+use crate::settings::Settings;
 use crate::store::LimitStore;
 use crate::unix_ms;
 

@@ -1,0 +1,373 @@
+//! The settings a gateway runs with: the configuration file's `[gateway]` section
+//! ([`crate::config`]) validated. What spans several fields (route upstreams, prefixes,
+//! deprecation patterns) is checked by [`Settings::new`], whose errors name the key path, e.g.
+//! `gateway.routes[1].upstream`.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::access_log::AccessLog;
+use crate::bans::BanPolicy;
+use crate::client::TrustedProxies;
+use crate::config::{
+    BACKEND_UPSTREAM, CorsConfig, GatewayConfig, HEALTH_CHECK_TIMEOUT, RouteConfig,
+};
+use crate::cors::CorsPolicy;
+use crate::deprecation::Deprecation;
+use crate::plans::{MAX_LIMIT, Plans};
+use crate::routes::{Route, Routes, Upstream, UpstreamTls, normalize_path};
+use crate::store::Fallback;
+use crate::tls::TlsFiles;
+use pingora::lb::LoadBalancer;
+use pingora::lb::health_check::TcpHealthCheck;
+use pingora::lb::selection::RoundRobin;
+
+/// Validated settings the gateway runs with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Public listener.
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin_listen: SocketAddr,
+    /// Proxy worker threads.
+    pub threads: usize,
+    /// Idle client connections are closed after this long.
+    pub keepalive_timeout: Duration,
+    /// A request head must be complete this long after its first byte.
+    pub header_timeout: Duration,
+    /// Request body limit.
+    pub max_body_bytes: u64,
+    /// Request header limit (names and values together).
+    pub max_header_bytes: usize,
+    /// Upstream connect timeout.
+    pub connect_timeout: Duration,
+    /// Failure budget per address and minute.
+    pub auth_failures_per_minute: u32,
+    /// Key store refresh interval.
+    pub key_refresh: Duration,
+    /// Grace period on SIGTERM.
+    pub shutdown_grace_seconds: u64,
+    /// Plans.
+    pub plans: Plans,
+    /// Ban rules.
+    pub bans: BanPolicy,
+    /// Route table.
+    pub routes: Routes,
+    /// Redis, when keys and limits are shared.
+    pub redis: Option<RedisSettings>,
+    /// The HTTPS listener and its files, if any.
+    pub tls: Option<(SocketAddr, TlsFiles)>,
+    /// CORS outside any route's own (`/v1/rate_limit`, the pages, unrouted paths).
+    pub cors: Option<Arc<CorsPolicy>>,
+    /// The API's public address, without a trailing slash.
+    pub public_url: String,
+    /// The access log's format, or off.
+    pub access_log: AccessLog,
+    /// Whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: TrustedProxies,
+}
+
+/// Validated `[gateway.redis]`.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// Seed URLs.
+    pub urls: Vec<String>,
+    /// Time a limit decision may take in Redis.
+    pub timeout: Duration,
+    /// What to do without Redis.
+    pub fallback: Fallback,
+}
+
+impl Settings {
+    /// Validates `config`; `backend` is where the `backend` upstream points.
+    pub fn new(config: &GatewayConfig, backend: SocketAddr) -> Result<Settings, String> {
+        for name in config.plans.0.keys() {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return Err(format!(
+                    "gateway.plans.{name}: plan names are lower-case letters, digits and `_`"
+                ));
+            }
+        }
+        for (name, plan) in &config.plans.0 {
+            for limit in [plan.per_minute, plan.per_day].into_iter().flatten() {
+                if limit.get() > MAX_LIMIT {
+                    return Err(format!(
+                        "gateway.plans.{name}: limits are at most {MAX_LIMIT} (2^53 - 1)"
+                    ));
+                }
+            }
+        }
+        let redis = match &config.redis.url {
+            None => None,
+            Some(text) => Some(RedisSettings {
+                urls: crate::redis_conn::parse_urls(text)
+                    .map_err(|e| format!("gateway.redis.url: {e}"))?,
+                timeout: Duration::from_millis(config.redis.timeout_ms.get()),
+                fallback: config.redis.fallback,
+            }),
+        };
+        let tls = match (&config.tls.listen, &config.tls.cert, &config.tls.key) {
+            (None, None, None) => None,
+            (Some(listen), Some(cert), Some(key)) => Some((
+                *listen,
+                TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                },
+            )),
+            _ => {
+                return Err(
+                    "gateway.tls: give listen, cert and key together (--tls-listen, --tls-cert, --tls-key)"
+                        .to_owned(),
+                );
+            }
+        };
+        if config.bans.max_seconds < config.bans.base_seconds {
+            return Err("gateway.bans.max_seconds must be at least base_seconds".to_owned());
+        }
+        let cors = cors_policy(&config.cors).map_err(|e| format!("gateway.cors{e}"))?;
+        let public_url = match &config.public_url {
+            None => format!("http://{}", config.listen),
+            Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
+                url.trim_end_matches('/').to_owned()
+            }
+            Some(url) => {
+                return Err(format!(
+                    "gateway.public_url: `{url}` must start with http:// or https://"
+                ));
+            }
+        };
+        let mut routes = Vec::with_capacity(config.routes.len());
+        for (i, route) in config.routes.iter().enumerate() {
+            routes.push(
+                route_settings(config, route, backend, &public_url, cors.as_ref())
+                    .map_err(|e| format!("gateway.routes[{i}]{e}"))?,
+            );
+        }
+        let mut prefixes: Vec<&str> = routes.iter().map(|r: &Route| r.prefix.as_str()).collect();
+        prefixes.sort_unstable();
+        if let Some(dup) = prefixes.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("gateway.routes: prefix `{}` appears twice", dup[0]));
+        }
+        Ok(Settings {
+            listen: config.listen,
+            admin_listen: config.admin_listen,
+            threads: config.threads.map_or_else(
+                || std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+                NonZeroUsize::get,
+            ),
+            keepalive_timeout: Duration::from_secs(config.keepalive_timeout_seconds.get()),
+            header_timeout: Duration::from_secs(config.header_timeout_seconds.get()),
+            max_body_bytes: config.max_body_bytes,
+            max_header_bytes: config.max_header_bytes,
+            connect_timeout: Duration::from_millis(config.connect_timeout_ms.get()),
+            auth_failures_per_minute: config.auth_failures_per_minute.get(),
+            key_refresh: Duration::from_millis(config.key_refresh_ms.get()),
+            shutdown_grace_seconds: config.shutdown_grace_seconds,
+            plans: config.plans.clone(),
+            bans: BanPolicy {
+                threshold: config.bans.threshold,
+                base: Duration::from_secs(config.bans.base_seconds.get()),
+                max: Duration::from_secs(config.bans.max_seconds.get()),
+                repeat_window: Duration::from_secs(config.bans.repeat_window_seconds),
+            },
+            routes: Routes::new(routes),
+            redis,
+            tls,
+            cors,
+            public_url,
+            access_log: config.access_log,
+            trusted_proxies: TrustedProxies::parse(&config.trusted_proxies)
+                .map_err(|e| format!("gateway.trusted_proxies: {e}"))?,
+        })
+    }
+}
+
+fn cors_policy(config: &CorsConfig) -> Result<Option<Arc<CorsPolicy>>, String> {
+    CorsPolicy::new(&config.allowed_origins, config.max_age_seconds)
+        .map(|p| p.map(Arc::new))
+        .map_err(|e| format!(".allowed_origins: {e}"))
+}
+
+fn route_settings(
+    config: &GatewayConfig,
+    route: &RouteConfig,
+    backend: SocketAddr,
+    public_url: &str,
+    cors: Option<&Arc<CorsPolicy>>,
+) -> Result<Route, String> {
+    let prefix = &route.prefix;
+    let normal = normalize_path(prefix).map_err(|e| format!(".prefix: {}", e.message()))?;
+    if normal != prefix.as_str() || !prefix.starts_with("/v1/") || prefix.ends_with('/') {
+        return Err(format!(
+            ".prefix: `{prefix}` must be a plain path under /v1/ without a trailing slash"
+        ));
+    }
+    let address = |field: &str, text: &str| {
+        if text == BACKEND_UPSTREAM {
+            Ok(backend)
+        } else {
+            text.parse::<SocketAddr>().map_err(|_| {
+                format!("{field}: `{text}` is neither `backend` nor an address like 127.0.0.1:9000")
+            })
+        }
+    };
+    let upstream = match (&route.upstream, route.upstreams.as_slice()) {
+        (Some(one), []) => Upstream::One(address(".upstream", one)?),
+        (None, [_, ..]) => {
+            let mut instances = Vec::with_capacity(route.upstreams.len());
+            for (k, text) in route.upstreams.iter().enumerate() {
+                instances.push(address(&format!(".upstreams[{k}]"), text)?);
+            }
+            let mut pool = LoadBalancer::<RoundRobin>::try_from_iter(instances)
+                .map_err(|e| format!(".upstreams: {e}"))?;
+            let mut check = TcpHealthCheck::new();
+            check.peer_template.options.connection_timeout = Some(HEALTH_CHECK_TIMEOUT);
+            pool.set_health_check(check);
+            Upstream::Pool(Arc::new(pool))
+        }
+        _ => {
+            return Err(
+                ".upstream: give either `upstream` (one address) or `upstreams` (a pool), not both or neither"
+                    .to_owned(),
+            );
+        }
+    };
+    let timeout = route.timeout_ms.unwrap_or(config.upstream_timeout_ms);
+    let mut deprecations = Vec::with_capacity(route.deprecations.len());
+    for (j, d) in route.deprecations.iter().enumerate() {
+        let at = |what: &str, value: &str| {
+            humantime::parse_rfc3339(value)
+                .map(|t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()))
+                .map_err(|_| format!(".deprecations[{j}].{what}: `{value}` is not an RFC 3339 UTC time like 2030-12-05T00:00:00Z"))
+        };
+        let pattern_ok =
+            d.path == route.prefix || d.path.starts_with(&format!("{}/", route.prefix));
+        if !pattern_ok {
+            return Err(format!(
+                ".deprecations[{j}].path: `{}` is not under the route's prefix `{prefix}`",
+                d.path
+            ));
+        }
+        if http::Method::from_bytes(d.method.as_bytes()).is_err() {
+            return Err(format!(
+                ".deprecations[{j}].method: `{}` is not an HTTP method",
+                d.method
+            ));
+        }
+        let deprecation = Deprecation::new(
+            &d.method,
+            &d.path,
+            at("deprecated_at", &d.deprecated_at)?,
+            at("sunset", &d.sunset)?,
+            d.successor.as_deref(),
+            d.documentation
+                .as_deref()
+                .map(|doc| {
+                    if doc.starts_with('/') {
+                        format!("{public_url}{doc}")
+                    } else {
+                        doc.to_owned()
+                    }
+                })
+                .as_deref(),
+            d.after_sunset,
+        )
+        .map_err(|e| format!(".deprecations[{j}]: {e}"))?;
+        deprecations.push(Arc::new(deprecation));
+    }
+    Ok(Route {
+        prefix: prefix.clone(),
+        upstream,
+        timeout: Duration::from_millis(timeout.get()),
+        deprecations,
+        tls: upstream_tls(route)?,
+        cors: match &route.cors {
+            Some(own) => cors_policy(own).map_err(|e| format!(".cors{e}"))?,
+            None => cors.cloned(),
+        },
+    })
+}
+
+/// The route's `tls`, `sni` and `ca`, checked: TLS needs a name to verify, and a CA file must
+/// hold certificates.
+fn upstream_tls(route: &RouteConfig) -> Result<Option<UpstreamTls>, String> {
+    if !route.tls {
+        if route.sni.is_some() || route.ca.is_some() {
+            return Err(".tls: `sni` and `ca` apply only with `tls = true`".to_owned());
+        }
+        return Ok(None);
+    }
+    let sni = route.sni.clone().ok_or_else(|| {
+        ".sni: with `tls = true`, give the name on the upstream's certificate".to_owned()
+    })?;
+    let ca = match &route.ca {
+        None => None,
+        Some(path) => Some(Arc::from(
+            crate::tls::load_ca(path).map_err(|e| format!(".ca: {e}"))?,
+        )),
+    };
+    Ok(Some(UpstreamTls { sni, ca }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(toml_text: &str) -> Result<Settings, String> {
+        let config: GatewayConfig = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        Settings::new(&config, "127.0.0.1:8081".parse().unwrap())
+    }
+
+    #[test]
+    fn defaults_route_pets_to_the_backend() {
+        let s = settings("").unwrap();
+        let route = s.routes.find("/v1/pets/1").unwrap();
+        assert_eq!(route.upstream.instances()[0].port(), 8081);
+    }
+
+    #[test]
+    fn route_errors_name_the_key() {
+        let err =
+            settings("[[routes]]\nprefix = \"/v1/orders\"\nupstream = \"nowhere\"\n").unwrap_err();
+        assert!(err.starts_with("gateway.routes[0].upstream"), "{err}");
+        let err =
+            settings("[[routes]]\nprefix = \"/v1/../x\"\nupstream = \"backend\"\n").unwrap_err();
+        assert!(err.starts_with("gateway.routes[0].prefix"), "{err}");
+        let err = settings(
+            "[[routes]]\nprefix = \"/v1/pets\"\nupstream = \"backend\"\n[[routes.deprecations]]\nmethod = \"GET\"\npath = \"/v1/pets/{id}\"\ndeprecated_at = \"yesterday\"\nsunset = \"2030-12-05T00:00:00Z\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("gateway.routes[0].deprecations[0].deprecated_at"),
+            "{err}"
+        );
+        let err =
+            settings("[[routes]]\nprefix = \"/v1/o\"\nupstream = \"127.0.0.1:1\"\ntls = true\n")
+                .unwrap_err();
+        assert!(err.starts_with("gateway.routes[0].sni"), "{err}");
+        let err =
+            settings("[[routes]]\nprefix = \"/v1/o\"\nupstream = \"127.0.0.1:1\"\nsni = \"x\"\n")
+                .unwrap_err();
+        assert!(err.starts_with("gateway.routes[0].tls"), "{err}");
+        let err = settings(
+            "[[routes]]\nprefix = \"/v1/o\"\nupstream = \"127.0.0.1:1\"\ntls = true\nsni = \"x\"\nca = \"/nonexistent.pem\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("gateway.routes[0].ca") && err.contains("/nonexistent.pem"),
+            "{err}"
+        );
+        let err = settings("[bans]\nbase_seconds = 0\n").unwrap_err();
+        assert!(
+            err.contains("base_seconds") || err.contains("zero"),
+            "{err}"
+        );
+    }
+}
