@@ -420,20 +420,25 @@ def part_idle(upstream, results):
         key = results["keys"]["redis" if "redis" in name else "embedded"]
         # HAProxy needs two descriptors per allowed connection, and this sandbox allows 20,000.
         n = min(IDLE, 9800) if name == "haproxy" else IDLE
-        before = children_rss_kib(proc.pid)
-        loop = asyncio.new_event_loop()
-        conns = loop.run_until_complete(hold_idle(port, key, n))
-        time.sleep(1)
-        after = children_rss_kib(proc.pid)
-        for w in conns:
-            w.close()
-        loop.run_until_complete(asyncio.sleep(0.5))
-        loop.close()
-        rows[name] = (before, after, n)
-        log(f"  {name}: {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB, {(after - before) / n * 1024:.0f} B per connection")
+        rows[name] = measure_idle(name, proc, port, key, n)
         time.sleep(1)
     rows["serve (gateway and backend, shipped configuration)"] = idle_serve()
     results["idle"] = rows
+
+
+def measure_idle(name, proc, port, key, n):
+    """RSS of proc (and its children) before and while it holds n idle connections."""
+    before = children_rss_kib(proc.pid)
+    loop = asyncio.new_event_loop()
+    conns = loop.run_until_complete(hold_idle(port, key, n))
+    time.sleep(1)
+    after = children_rss_kib(proc.pid)
+    for w in conns:
+        w.close()
+    loop.run_until_complete(asyncio.sleep(0.5))
+    loop.close()
+    log(f"  {name}: {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB, {(after - before) / n * 1024:.0f} B per connection")
+    return before, after, n
 
 
 def idle_serve():
@@ -449,18 +454,9 @@ def idle_serve():
     wait_port(back, proc)
     wrk(f"http://127.0.0.1:{port}/v1/pets", key, dur=1)
     time.sleep(1)
-    before = children_rss_kib(proc.pid)
-    loop = asyncio.new_event_loop()
-    conns = loop.run_until_complete(hold_idle(port, key, IDLE))
-    time.sleep(1)
-    after = children_rss_kib(proc.pid)
-    for w in conns:
-        w.close()
-    loop.run_until_complete(asyncio.sleep(0.5))
-    loop.close()
+    row = measure_idle("serve", proc, port, key, IDLE)
     stop(proc)
-    log(f"  serve: {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB")
-    return before, after, IDLE
+    return row
 
 
 def part_creates(results):
