@@ -10,8 +10,9 @@
 //! (nginx's `client_header_timeout`), or the connection is closed: a slow client cannot hold a
 //! session open by trickling its header.
 //!
-//! TLS connections (HTTP/2 or HTTP/1.1 chosen by ALPN) keep pingora's own loop: a TLS stream
-//! cannot be peeked, and HTTP/2 multiplexes its requests anyway.
+//! TLS connections (HTTP/2 or HTTP/1.1 chosen by ALPN) keep pingora's own loop: the wait below
+//! relies on the plain stream's read buffer, which a TLS stream does not expose, and HTTP/2
+//! multiplexes its requests anyway.
 
 use std::cell::Cell;
 use std::future::{Future, poll_fn};
