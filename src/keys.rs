@@ -2,6 +2,8 @@
 //! file, or Redis with `--redis-url`. A running gateway picks the change up within its
 //! `key_refresh_ms`.
 
+use animal_store_gateway::NewKey;
+
 use crate::cli::KeysCommand;
 use crate::config::FileConfig;
 
@@ -18,8 +20,14 @@ pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
             per_day,
             expires_in,
         } => {
-            let (record, key) = store
-                .blocking(store.create(plans, &plan, name, per_minute, per_day, expires_in))?;
+            let new = NewKey {
+                plan,
+                name,
+                per_minute,
+                per_day,
+                expires_in,
+            };
+            let (record, key) = store.blocking(store.create(plans, new))?;
             eprintln!(
                 "issued key {} on plan {}; it is shown only this once",
                 record.id, record.plan

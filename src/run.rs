@@ -3,7 +3,7 @@
 
 use std::thread::JoinHandle;
 
-use animal_store_gateway::{Reload, Settings};
+use animal_store_gateway::{NewKey, Reload, Settings};
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -188,14 +188,11 @@ fn issue_first_key(config: &FileConfig, settings: &Settings) -> anyhow::Result<(
         }
         Err(e) => return Err(e.into()),
     }
-    let (record, key) = store.blocking(store.create(
-        &settings.plans,
-        "free",
-        Some("first-run".to_owned()),
-        None,
-        None,
-        None,
-    ))?;
+    let first = NewKey {
+        name: Some("first-run".to_owned()),
+        ..NewKey::on("free")
+    };
+    let (record, key) = store.blocking(store.create(&settings.plans, first))?;
     println!(
         "No API keys yet, so one Free-plan key was issued (id {}). It is shown only this once:\n\n    {key}\n\nTry it:\n\n    curl -i -H 'Authorization: Bearer {key}' {url}/v1/pets\n\nThe API's reference is at {url}/v1/docs\n",
         record.id,

@@ -149,7 +149,7 @@ impl FailureBudget {
 mod tests {
     use super::*;
     use crate::key_store::KeyStore;
-    use crate::keys::generate;
+    use crate::keys::{NewKey, generate};
     use crate::plans::Plans;
     use proptest::prelude::*;
 
@@ -158,7 +158,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = KeyStore::new(dir.path());
         let (_, key) = store
-            .create(&Plans::defaults(), "free", None, None, None, None)
+            .create(&Plans::defaults(), NewKey::on("free"))
             .unwrap();
         let keys = KeySet::build(&store.load().unwrap(), &Plans::defaults());
         let auth = |h: &str| {

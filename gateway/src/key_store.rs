@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::keys::{KeyError, KeyRecord, new_key, revoke_in, rotate_in};
+use crate::keys::{KeyError, KeyRecord, NewKey, new_key, revoke_in, rotate_in};
 use crate::plans::Plans;
 
 /// File name of the key store inside the data directory.
@@ -65,18 +65,10 @@ impl KeyStore {
         Ok(file.keys)
     }
 
-    /// Issues a key on `plan` with optional overrides; returns the record and the key, which is
-    /// never stored and cannot be shown again.
-    pub fn create(
-        &self,
-        plans: &Plans,
-        plan: &str,
-        name: Option<String>,
-        per_minute: Option<u64>,
-        per_day: Option<u64>,
-        expires_in: Option<std::time::Duration>,
-    ) -> Result<(KeyRecord, String), KeyError> {
-        let (record, key) = new_key(plans, plan, name, per_minute, per_day, expires_in)?;
+    /// Issues a key as `new` asks; returns the record and the key, which is never stored and
+    /// cannot be shown again.
+    pub fn create(&self, plans: &Plans, new: NewKey) -> Result<(KeyRecord, String), KeyError> {
+        let (record, key) = new_key(plans, new)?;
         self.update(|keys| {
             keys.push(record.clone());
             Ok(())
@@ -195,7 +187,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = KeyStore::new(dir.path());
         let (record, key) = store
-            .create(&plans(), "free", Some("ci".into()), None, None, None)
+            .create(
+                &plans(),
+                NewKey {
+                    name: Some("ci".into()),
+                    ..NewKey::on("free")
+                },
+            )
             .unwrap();
         let text = fs::read_to_string(store.path()).unwrap();
         assert!(!text.contains(&key), "the key itself is never stored");
@@ -234,21 +232,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = KeyStore::new(dir.path());
         assert!(matches!(
-            store.create(&plans(), "enterprise", None, None, None, None),
+            store.create(&plans(), NewKey::on("enterprise")),
             Err(KeyError::Plan(_))
         ));
         assert!(matches!(
-            store.create(&plans(), "gold", None, None, None, None),
+            store.create(&plans(), NewKey::on("gold")),
             Err(KeyError::Plan(_))
         ));
         let (record, _) = store
             .create(
                 &plans(),
-                "enterprise",
-                None,
-                Some(5000),
-                Some(1_000_000),
-                None,
+                NewKey {
+                    per_minute: Some(5000),
+                    per_day: Some(1_000_000),
+                    ..NewKey::on("enterprise")
+                },
             )
             .unwrap();
         assert_eq!(record.per_minute, Some(5000));

@@ -18,7 +18,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::key_store::KeyStore;
-use crate::keys::{KeyError, KeyId, KeyRecord, KeySet, new_key, revoke_in, rotate_in};
+use crate::keys::{KeyError, KeyId, KeyRecord, KeySet, NewKey, new_key, revoke_in, rotate_in};
 use crate::metrics;
 use crate::plans::Plans;
 use crate::redis_keys::RedisKeyStore;
@@ -59,22 +59,16 @@ impl KeySource {
         }
     }
 
-    /// Issues a key; returns its record and the key, which is never stored.
+    /// Issues a key as `new` asks; returns its record and the key, which is never stored.
     pub async fn create(
         &self,
         plans: &Plans,
-        plan: &str,
-        name: Option<String>,
-        per_minute: Option<u64>,
-        per_day: Option<u64>,
-        expires_in: Option<Duration>,
+        new: NewKey,
     ) -> Result<(KeyRecord, String), KeyError> {
         match self {
-            KeySource::File(store) => {
-                store.create(plans, plan, name, per_minute, per_day, expires_in)
-            }
+            KeySource::File(store) => store.create(plans, new),
             KeySource::Redis { store, .. } => {
-                let (record, key) = new_key(plans, plan, name, per_minute, per_day, expires_in)?;
+                let (record, key) = new_key(plans, new)?;
                 store
                     .update(|keys| {
                         keys.push(record.clone());

@@ -98,29 +98,47 @@ pub fn generate() -> Result<(KeyId, String), KeyError> {
     Ok((id, key))
 }
 
-/// A new key on `plan` with optional overrides, and its record (which holds only its hash).
-pub fn new_key(
-    plans: &Plans,
-    plan: &str,
-    name: Option<String>,
-    per_minute: Option<u64>,
-    per_day: Option<u64>,
-    expires_in: Option<std::time::Duration>,
-) -> Result<(KeyRecord, String), KeyError> {
+/// What a new key is to be: `keys create`'s arguments.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewKey {
+    /// The plan's name.
+    pub plan: String,
+    /// A label for people.
+    pub name: Option<String>,
+    /// Overrides of the plan's limits (required for `enterprise`).
+    pub per_minute: Option<u64>,
+    /// See `per_minute`.
+    pub per_day: Option<u64>,
+    /// How long the key is valid; forever if none.
+    pub expires_in: Option<std::time::Duration>,
+}
+
+impl NewKey {
+    /// A key on `plan` with its limits, no name and no expiry.
+    pub fn on(plan: &str) -> NewKey {
+        NewKey {
+            plan: plan.to_owned(),
+            ..NewKey::default()
+        }
+    }
+}
+
+/// A new key as `new` asks, and its record (which holds only its hash).
+pub fn new_key(plans: &Plans, new: NewKey) -> Result<(KeyRecord, String), KeyError> {
     plans
-        .resolve(plan, per_minute, per_day)
+        .resolve(&new.plan, new.per_minute, new.per_day)
         .map_err(KeyError::Plan)?;
     let (id, key) = generate()?;
     let record = KeyRecord {
         id: id.to_string(),
-        name,
-        plan: plan.to_owned(),
-        per_minute,
-        per_day,
+        name: new.name,
+        plan: new.plan,
+        per_minute: new.per_minute,
+        per_day: new.per_day,
         sha256: hex::encode(hash_key(&key)),
         created: unix_now(),
         revoked: None,
-        expires: expires_in.map(|d| unix_now() + d.as_secs().max(1)),
+        expires: new.expires_in.map(|d| unix_now() + d.as_secs().max(1)),
         successor: None,
         counters: None,
     };

@@ -49,7 +49,7 @@ use tokio::sync::{oneshot, watch};
 pub use config::GatewayConfig;
 pub use key_store::KeyStore;
 pub use keyring::KeySource;
-pub use keys::{KeyError, KeyRecord};
+pub use keys::{KeyError, KeyRecord, NewKey};
 pub use settings::Settings;
 pub use tls::TlsError;
 
