@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{PETS_ROUTE, Stack, client, shipped_config};
+use common::{PETS_ROUTE, Stack, client, links, shipped_config};
 
 const INSTALL: &str = "Chromium is needed for this test: apt-get install -y chromium";
 
@@ -95,12 +95,7 @@ async fn the_deprecation_link_points_at_get_pet_on_the_docs_page() {
     let stack = Stack::start_with(dir.path(), &shipped_config());
     let key = stack.key(&["--plan", "pro"]);
     let r = stack.get(&client(), "/v1/pets/1", &key).await;
-    let links: Vec<&str> = r
-        .headers()
-        .get_all("link")
-        .iter()
-        .map(|v| v.to_str().unwrap())
-        .collect();
+    let links = links(&r);
     let want = format!(
         "<http://{}/v1/docs#/pets/getpet>; rel=\"deprecation\"",
         stack.listen

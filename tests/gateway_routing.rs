@@ -5,7 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{
-    PETS_ROUTE, Stack, TestUpstream, assert_error, client, header, key_id, metric, raw_http,
+    PETS_ROUTE, Stack, TestUpstream, assert_error, client, header, key_id, links, metric, raw_http,
     wait_metric,
 };
 use serde_json::{Value, json};
@@ -100,12 +100,7 @@ async fn deprecation_headers_only_on_get_pet() {
             .unwrap();
         assert_eq!(r.headers()["deprecation"], "@1764892800", "{path}");
         assert_eq!(r.headers()["sunset"], "Thu, 05 Dec 2030 00:00:00 GMT");
-        let links: Vec<&str> = r
-            .headers()
-            .get_all("link")
-            .iter()
-            .map(|v| v.to_str().unwrap())
-            .collect();
+        let links = links(&r);
         assert!(
             links.contains(&"</v1/pets>; rel=\"successor-version\""),
             "{links:?}"

@@ -167,11 +167,14 @@ where
         persisted: Option<HttpPersistentSettings>,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
-        let settings = self.live.load_full();
+        let (keepalive, header_timeout) = {
+            let settings = self.live.load();
+            (settings.keepalive_timeout, settings.header_timeout)
+        };
         let mut session = ServerSession::new_http1(stream);
         match persisted {
             Some(persisted) => persisted.apply_to_session(&mut session),
-            None => session.set_keepalive(Some(settings.keepalive_timeout.as_secs())),
+            None => session.set_keepalive(Some(keepalive.as_secs())),
         }
         if *shutdown.borrow() {
             session.set_keepalive(None);
@@ -179,7 +182,7 @@ where
         let mut request = self.app.process_new_http(session, shutdown);
         // Nearly every head arrives whole and is read by the first poll; the timer starts only
         // if it is not (pingora's timeouts arm lazily).
-        match pingora_timeout::timeout(settings.header_timeout, until_head(&mut request)).await {
+        match pingora_timeout::timeout(header_timeout, until_head(&mut request)).await {
             Ok(Some(done)) => done,
             Ok(None) => request.await,
             Err(_) => {

@@ -410,6 +410,15 @@ pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str
         .map(|(_, v)| v.as_str())
 }
 
+/// Every `Link` header of a response, in order.
+pub fn links(r: &reqwest::Response) -> Vec<&str> {
+    r.headers()
+        .get_all("link")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect()
+}
+
 /// A tiny upstream for routing tests: answers every request with 200 and a JSON echo of its
 /// path and headers, after an optional delay; counts the requests it saw.
 pub struct TestUpstream {
