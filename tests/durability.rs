@@ -1,6 +1,8 @@
 //! Durability through the real binary: SIGKILL the backend in the middle of a stream of
 //! concurrent creates, restart it, and find every acknowledged pet, unchanged. Repeated over
 //! several rounds on the same data directory, so recovery of a recovered database is covered too.
+//! Every create carries an idempotency key; the creates a kill interrupted are retried with
+//! theirs after the restart, as a client would, and each must yield exactly one pet.
 
 mod common;
 
@@ -20,11 +22,20 @@ async fn acknowledged_creates_survive_sigkill() {
     let data = dir.path().join("data");
     let c = client();
     let mut acknowledged: BTreeMap<i64, Value> = BTreeMap::new();
+    let mut interrupted = Vec::new();
+    let mut replays = 0;
     let mut total_in_rounds = Vec::new();
 
     for round in 0..ROUNDS {
         let mut backend = Backend::start(&data);
         verify_all(&c, &backend, &acknowledged).await;
+        replays += retry_interrupted(
+            &c,
+            &backend,
+            std::mem::take(&mut interrupted),
+            &mut acknowledged,
+        )
+        .await;
 
         let acked = Arc::new(Mutex::new(Vec::<Value>::new()));
         let mut writers = Vec::new();
@@ -32,23 +43,27 @@ async fn acknowledged_creates_survive_sigkill() {
             let (c, url, acked) = (c.clone(), backend.url("/v1/pets"), acked.clone());
             writers.push(tokio::spawn(async move {
                 for seq in 0.. {
+                    let key = format!("r{round}-w{w}-{seq}");
                     let body = json!({"name": format!("r{round} w{w} #{seq}"), "categoryId": 1 + w, "status": "pending"});
-                    match c.post(&url).json(&body).send().await {
+                    let sent = c.post(&url).header("Idempotency-Key", &key).json(&body).send();
+                    match sent.await {
                         Ok(r) if r.status() == 201 => match r.json::<Value>().await {
                             Ok(pet) => acked.lock().unwrap().push(pet),
-                            Err(_) => return, // killed while the body was on its way: not acknowledged
+                            // Killed while the body was on its way: not acknowledged.
+                            Err(_) => return (key, body),
                         },
                         Ok(r) => panic!("unexpected status {}", r.status()),
-                        Err(_) => return, // the process is gone
+                        Err(_) => return (key, body), // the process is gone
                     }
                 }
+                unreachable!()
             }));
         }
         // Let the stream run, then kill without warning while creates are in flight.
         tokio::time::sleep(Duration::from_millis(400 + 150 * round as u64)).await;
         backend.proc.kill9();
         for writer in writers {
-            writer.await.unwrap();
+            interrupted.push(writer.await.unwrap());
         }
         let acked = std::mem::take(&mut *acked.lock().unwrap());
         assert!(
@@ -68,6 +83,8 @@ async fn acknowledged_creates_survive_sigkill() {
 
     let backend = Backend::start(&data);
     verify_all(&c, &backend, &acknowledged).await;
+    replays += retry_interrupted(&c, &backend, interrupted, &mut acknowledged).await;
+    verify_all(&c, &backend, &acknowledged).await;
     // New ids keep increasing past everything handed out before the crashes.
     let r = c
         .post(backend.url("/v1/pets"))
@@ -78,9 +95,42 @@ async fn acknowledged_creates_survive_sigkill() {
     let pet: Value = r.json().await.unwrap();
     assert!(pet["id"].as_i64().unwrap() > *acknowledged.keys().last().unwrap());
     println!(
-        "durability: {} acknowledged creates checked after {ROUNDS} SIGKILLs (per round: {total_in_rounds:?})",
-        acknowledged.len()
+        "durability: {} acknowledged creates checked after {ROUNDS} SIGKILLs (per round: \
+         {total_in_rounds:?}); of {} interrupted creates retried, {replays} had been stored",
+        acknowledged.len(),
+        ROUNDS * WRITERS
     );
+}
+
+/// Retries each create a kill interrupted, with its idempotency key: whether the crash kept all,
+/// part or none of it, the retry answers 201 with one pet of that name (checked for duplicates by
+/// `verify_all`).
+async fn retry_interrupted(
+    c: &reqwest::Client,
+    backend: &Backend,
+    interrupted: Vec<(String, Value)>,
+    acknowledged: &mut BTreeMap<i64, Value>,
+) -> usize {
+    let mut replayed = 0;
+    for (key, body) in interrupted {
+        let r = c
+            .post(backend.url("/v1/pets"))
+            .header("Idempotency-Key", &key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "retry of {key}");
+        replayed += usize::from(r.headers().contains_key("idempotent-replayed"));
+        let pet: Value = r.json().await.unwrap();
+        assert_eq!(pet["name"], body["name"], "retry of {key}");
+        let id = pet["id"].as_i64().unwrap();
+        assert!(
+            acknowledged.insert(id, pet).is_none(),
+            "the retry of {key} returned the acknowledged pet {id}"
+        );
+    }
+    replayed
 }
 
 /// Every acknowledged pet is there, unchanged, both by id and in the listing; no id repeats.
@@ -106,6 +156,14 @@ async fn verify_all(c: &reqwest::Client, backend: &Backend, acknowledged: &BTree
         let id = pet["id"].as_i64().unwrap();
         assert!(listed.insert(id, pet).is_none(), "pet {id} listed twice");
     }
+    // Every pet is pending: the filtered listing (the status index) and the full one (the
+    // records) must agree, whatever the kills interrupted.
+    let (all, _) = common::walk_pets(c, &backend.url(""), "/v1/pets?limit=100", None).await;
+    let all: BTreeMap<i64, Value> = all
+        .into_iter()
+        .map(|p| (p["id"].as_i64().unwrap(), p))
+        .collect();
+    assert_eq!(all, listed, "the status index and the records disagree");
     for (id, pet) in acknowledged {
         assert_eq!(
             listed.get(id),
