@@ -5,9 +5,16 @@
 //! cluster mode (`INFO cluster`); the gateway then opens either one multiplexed connection that
 //! reconnects by itself (`ConnectionManager`) or a cluster connection that follows slot moves.
 //! Both pipeline every request of every thread over few sockets, which is what a pool is for.
+//!
+//! Limit decisions, one per request, go over a connection of the proxy thread's own
+//! ([`RedisHub::local_conn`]): a connection's I/O runs as a task of the runtime that made it, and
+//! a command sent from another thread costs two thread switches (out and back), about a quarter
+//! of a request's CPU time on a busy core.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -142,6 +149,25 @@ pub struct RedisHub {
     /// Always `Some` until dropped; see the `Drop` impl.
     runtime: Option<tokio::runtime::Runtime>,
     conn: OnceCell<RedisConn>,
+    /// Tells this hub's thread-local connections apart from another hub's.
+    id: u64,
+    /// Dropped with the hub, so threads can let go of connections no hub will use again.
+    alive: Arc<()>,
+}
+
+/// Source of [`RedisHub`] ids.
+static NEXT_HUB: AtomicU64 = AtomicU64::new(0);
+
+/// A thread's own connection to one hub's Redis, made in the background.
+struct LocalConn {
+    hub: u64,
+    hub_alive: Weak<()>,
+    conn: Arc<OnceCell<RedisConn>>,
+    started: Instant,
+}
+
+thread_local! {
+    static LOCAL_CONNS: RefCell<Vec<LocalConn>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Drop for RedisHub {
@@ -167,6 +193,8 @@ impl RedisHub {
             urls,
             runtime: Some(runtime),
             conn: OnceCell::new(),
+            id: NEXT_HUB.fetch_add(1, Ordering::Relaxed),
+            alive: Arc::new(()),
         });
         if let Err(e) = hub.block_on(hub.connect()) {
             log::warn!("redis: cannot reach {} yet: {e}", hub.describe());
@@ -177,6 +205,49 @@ impl RedisHub {
     /// The connection, if one was ever made (it reconnects by itself afterwards).
     pub fn conn(&self) -> Option<RedisConn> {
         self.conn.get().cloned()
+    }
+
+    /// The connection for a command sent from this thread: the thread's own, made on the runtime
+    /// it is running, once that exists; the shared one until then, or where no runtime runs.
+    /// Only once the shared connection exists (so Redis has answered, and a thread does not
+    /// start connecting to a Redis that is away).
+    pub fn local_conn(&self) -> Option<RedisConn> {
+        let shared = self.conn.get()?;
+        let local = LOCAL_CONNS.with(|conns| {
+            let mut conns = conns.borrow_mut();
+            if let Some(local) = conns.iter().find(|c| c.hub == self.id) {
+                if let Some(conn) = local.conn.get() {
+                    return Some(conn.clone());
+                }
+                if local.started.elapsed() < 2 * CONNECT_TIMEOUT {
+                    return None; // still connecting
+                }
+            }
+            // None yet, or the last attempt failed: start one (at most one per thread at a time).
+            let runtime = tokio::runtime::Handle::try_current().ok()?;
+            conns.retain(|c| c.hub != self.id && c.hub_alive.strong_count() > 0);
+            let conn = Arc::new(OnceCell::new());
+            conns.push(LocalConn {
+                hub: self.id,
+                hub_alive: Arc::downgrade(&self.alive),
+                conn: conn.clone(),
+                started: Instant::now(),
+            });
+            let urls = self.urls.clone();
+            runtime.spawn(async move {
+                match RedisConn::connect(&urls, CONNECT_TIMEOUT).await {
+                    Ok(made) => drop(conn.set(made)),
+                    Err(e) => log::debug!("redis: a thread's own connection failed: {e}"),
+                }
+            });
+            None
+        });
+        Some(local.unwrap_or_else(|| shared.clone()))
+    }
+
+    /// Drops this thread's own connection (after it failed): the next command makes a new one.
+    pub fn forget_local_conn(&self) {
+        LOCAL_CONNS.with(|conns| conns.borrow_mut().retain(|c| c.hub != self.id));
     }
 
     /// Connects if no connection was made yet; the connection is made once per process.

@@ -114,11 +114,14 @@ impl RedisStore {
         now_ms: u64,
     ) -> Result<Decision, Unavailable> {
         if self.up.load(Ordering::Relaxed)
-            && let Some(conn) = self.hub.conn()
+            && let Some(conn) = self.hub.local_conn()
         {
             match within(self.timeout, self.eval(conn, key, limits, bans, now_ms)).await {
                 Ok(decision) => return Ok(decision),
-                Err(e) => self.went_down(&e),
+                Err(e) => {
+                    self.hub.forget_local_conn();
+                    self.went_down(&e);
+                }
             }
         }
         metrics::LIMIT_STORE_FALLBACKS.inc();
@@ -138,7 +141,7 @@ impl RedisStore {
         now_ms: u64,
     ) -> Result<Standing, Unavailable> {
         if self.up.load(Ordering::Relaxed)
-            && let Some(mut conn) = self.hub.conn()
+            && let Some(mut conn) = self.hub.local_conn()
         {
             let read = within(self.timeout, async {
                 let fields: Vec<Option<u64>> = redis::cmd("HMGET")
@@ -155,7 +158,10 @@ impl RedisStore {
                     let state = KeyState::from_fields(std::array::from_fn(|_| f.next().flatten()));
                     return Ok(state.peek(limits, now_ms));
                 }
-                Err(e) => self.went_down(&e),
+                Err(e) => {
+                    self.hub.forget_local_conn();
+                    self.went_down(&e);
+                }
             }
         }
         match self.fallback {
