@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::tls::TestCa;
-use common::{Stack, assert_error, cli, client, free_addr, metric, shipped_config};
+use common::{Stack, assert_error, cli, client, free_addr, metric, shipped_config, wait_metric};
 use nix::sys::signal::{Signal, kill};
 use reqwest::Version;
 
@@ -371,5 +371,110 @@ async fn a_route_with_tls_speaks_https_to_its_upstream_and_verifies_it() {
         unknown.hits(),
         0,
         "nothing was sent to an unverified upstream"
+    );
+}
+
+/// Over HTTPS/1.1 a connection is bounded as over plain HTTP: a request head trickled for longer
+/// than `gateway.header_timeout_seconds` is closed, however steadily it comes, and a connection
+/// silent after its handshake goes at the keep-alive timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_heads_and_silent_connections_over_https_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let config = dir.path().join("short-timeouts.toml");
+    let shipped = std::fs::read_to_string(shipped_config()).unwrap();
+    let short = shipped
+        .replace(
+            "keepalive_timeout_seconds = 60",
+            "keepalive_timeout_seconds = 3",
+        )
+        .replace("header_timeout_seconds = 10", "header_timeout_seconds = 1");
+    assert_ne!(short, shipped, "the shipped timeouts moved");
+    std::fs::write(&config, short).unwrap();
+    let tls = free_addr();
+    let mut stack = Stack::start_with_args(
+        dir.path(),
+        &config,
+        &[
+            "--tls-listen",
+            &tls.to_string(),
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    common::wait_for_port(tls, &mut stack.proc.child);
+    let api_key = stack.key(&["--plan", "pro"]);
+    let silent = ca.connect_http1(tls).await;
+
+    // One byte every 100 ms: each write is quick, the head as a whole is not.
+    let mut slow = ca.connect_http1(tls).await;
+    let head =
+        format!("GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {api_key}\r\n\r\n");
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    let mut closed_after = None;
+    for byte in head.as_bytes() {
+        let sent = match slow.write_all(&[*byte]).await {
+            Ok(()) => slow.flush().await,
+            Err(e) => Err(e),
+        };
+        let read = tokio::time::timeout(Duration::from_millis(100), slow.read(&mut buf)).await;
+        match (sent, read) {
+            (Ok(()), Err(_)) => {} // nothing to read yet
+            (_, Ok(Ok(n))) if n > 0 => panic!("answered: {}", String::from_utf8_lossy(&buf[..n])),
+            _ => {
+                closed_after = Some(started.elapsed());
+                break;
+            }
+        }
+    }
+    let closed_after = closed_after.expect("the slow head was never closed");
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(6),
+        "closed after {closed_after:?}, the header timeout is 1 s"
+    );
+    assert_eq!(
+        metric(
+            stack.admin,
+            "gateway_client_timeouts_total{phase=\"header\"}"
+        ),
+        Some(1.0)
+    );
+
+    // The same head sent at once is answered, and the connection stays open for more.
+    let mut quick = ca.connect_http1(tls).await;
+    for _ in 0..2 {
+        quick.write_all(head.as_bytes()).await.unwrap();
+        let n = quick.read(&mut buf).await.unwrap();
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        let mut rest = vec![0u8; 4096];
+        let _ = tokio::time::timeout(Duration::from_millis(200), quick.read(&mut rest)).await;
+    }
+
+    // The connection that sent nothing after its handshake goes at the keep-alive timeout.
+    let admin = stack.admin;
+    tokio::task::spawn_blocking(move || {
+        wait_metric(
+            admin,
+            "gateway_client_timeouts_total{phase=\"idle\"}",
+            Duration::from_secs(10),
+            |v| v >= 1.0,
+        )
+    })
+    .await
+    .unwrap();
+    let mut silent = silent;
+    let read = tokio::time::timeout(Duration::from_secs(2), silent.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the silent connection is still open: {read:?}"
     );
 }

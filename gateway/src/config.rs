@@ -60,7 +60,7 @@ pub struct GatewayConfig {
     /// A client connection idle this long between requests is closed (nginx's
     /// `keepalive_timeout`); HTTP/2 connections too.
     pub keepalive_timeout_seconds: NonZeroU64,
-    /// A plain-HTTP request head not complete this long after its first byte closes the
+    /// An HTTP/1.1 request head (plain or TLS) not complete this long after its first byte closes the
     /// connection (nginx's `client_header_timeout`), so slow clients cannot hold sessions.
     pub header_timeout_seconds: NonZeroU64,
     /// Request bodies over this many bytes get 413 without reaching an upstream.

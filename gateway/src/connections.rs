@@ -1,4 +1,5 @@
-//! Client connections over plain HTTP/1.1, held cheaply between requests and bounded in time.
+//! Client connections over HTTP/1.1, plain or TLS, held cheaply between requests and bounded in
+//! time.
 //!
 //! pingora drives a keep-alive connection by awaiting the next request inside the whole
 //! per-request proxy state machine, with the previous request's session and buffers: about
@@ -10,9 +11,8 @@
 //! (nginx's `client_header_timeout`), or the connection is closed: a slow client cannot hold a
 //! session open by trickling its header.
 //!
-//! TLS connections (HTTP/2 or HTTP/1.1 chosen by ALPN) keep pingora's own loop: the wait below
-//! relies on the plain stream's read buffer, which a TLS stream does not expose, and HTTP/2
-//! multiplexes its requests anyway.
+//! HTTP/2 connections (chosen by ALPN over TLS) keep pingora's own loop: HTTP/2 multiplexes its
+//! requests and has its own idle timeout (`h2_idle_timeout`, set to the same keep-alive).
 
 use std::cell::Cell;
 use std::future::{Future, poll_fn};
@@ -24,8 +24,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
-use pingora::protocols::Stream;
 use pingora::protocols::http::ServerSession;
+use pingora::protocols::{ALPN, Stream};
 use pingora::server::ShutdownWatch;
 use tokio::io::AsyncReadExt;
 
@@ -88,9 +88,10 @@ enum Idle {
 /// Waits, holding nothing but `stream`, until the client sends something, stays silent for
 /// `timeout`, or the gateway starts shutting down.
 ///
-/// A zero-length read of a stream with a read buffer (the listener's, [`crate::PLAIN_READ_BUFFER`]
-/// bytes) fills that buffer from the socket without consuming anything, so the session that
-/// follows parses the request from it with no extra system call.
+/// A zero-length read waits for bytes and leaves them where the session that follows parses the
+/// request from, with no extra system call: on a plain stream it fills the read buffer (the
+/// listener's, [`crate::PLAIN_READ_BUFFER`] bytes); over TLS, rustls decrypts the next record
+/// into its own plaintext buffer.
 async fn await_request(
     stream: &mut Stream,
     timeout: Duration,
@@ -120,7 +121,7 @@ where
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        if stream.get_ssl_digest().is_some() {
+        if !matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1)) {
             return ServerApp::process_new(&self.app, stream, shutdown).await;
         }
         // pingora's task for a connection is sized for a TLS handshake (about 8 KB) and lives as
@@ -138,7 +139,7 @@ impl<A> Connections<A>
 where
     A: HttpServerApp + Send + Sync + 'static,
 {
-    /// The keep-alive loop of one plain-HTTP connection. Between requests its task holds the
+    /// The keep-alive loop of one HTTP/1.1 connection. Between requests its task holds the
     /// stream and this loop's few hundred bytes; a request's state (boxed by pingora) is freed
     /// with it.
     async fn serve(self: Arc<Self>, mut stream: Stream, mut shutdown: ShutdownWatch) {

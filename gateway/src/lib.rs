@@ -177,7 +177,13 @@ pub fn run(
             .l4_buffer(L4BufferSettings::default().read(PLAIN_READ_BUFFER)),
     );
     if let (Some((listen, _)), Some(certificate)) = (&settings.tls, &certificate) {
-        public.add_tls_with_settings(&listen.to_string(), None, certificate.listener_settings());
+        // rustls reads whole records into its own buffer, 4 KiB and more at a time: a read
+        // buffer under it would only be copied through (or bypassed) and stay resident.
+        public.add_listener(
+            ListenerConfig::tcp(listen.to_string())
+                .tls(certificate.listener_settings())
+                .l4_buffer(L4BufferSettings::default().read(0)),
+        );
     }
     let mut admin = Service::new(
         "admin".to_owned(),

@@ -225,7 +225,7 @@ pub static CLIENT_CONNECTIONS: Lazy<IntGauge> = Lazy::new(|| {
     register(
         IntGauge::new(
             "gateway_client_connections",
-            "Client connections over plain HTTP open now",
+            "Client connections over HTTP/1.1 (plain or TLS) open now",
         )
         .expect("valid metric"),
     )

@@ -69,6 +69,30 @@ impl TestCa {
         path
     }
 
+    /// A raw TLS connection to `addr` trusting only this CA, offering only HTTP/1.1 by ALPN (for
+    /// tests that write a request byte by byte).
+    pub async fn connect_http1(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        use rustls_pki_types::CertificateDer;
+        use rustls_pki_types::pem::PemObject;
+        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(self.pem().as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let mut config = tokio_rustls::rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+            .connect("localhost".try_into().unwrap(), tcp)
+            .await
+            .unwrap()
+    }
+
     /// An HTTPS client trusting only this CA; `http1` keeps it from offering HTTP/2.
     pub fn client(&self, http1: bool) -> reqwest::Client {
         let builder = reqwest::Client::builder()
