@@ -13,7 +13,8 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis):
   open     open loop at fixed offered rates (oha -q RATE --latency-correction): p50/p99 against
            offered load, plotted to bench/latency.svg
   idle     RSS of each proxy holding 10,000 idle keep-alive connections that each made one GET
-           (`serve`: the median of ROUNDS fresh processes)
+           (`serve`: the median of ROUNDS fresh processes); with tls, also over HTTPS/1.1 for the
+           gateway and nginx
   creates  durable creates straight to the backend: commit = group, per_request, none
   tls      HTTPS: wrk over HTTP/1.1, h2load over HTTP/2, and full handshakes per second; the
            gateway against nginx with the same certificate
@@ -29,6 +30,7 @@ import resource
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -394,15 +396,21 @@ def plot(open_results, path):
     path.write_text("\n".join(parts))
 
 
-async def hold_idle(port, key, n):
-    """Opens n connections, sends one GET with the key on each, reads the answer, keeps them."""
+async def hold_idle(port, key, n, tls=False):
+    """Opens n connections (HTTPS/1.1 if tls), sends one GET with the key on each, reads the
+    answer, keeps them."""
+    context = None
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        context.set_alpn_protocols(["http/1.1"])
     conns = []
     request = f"GET /v1/pets HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
     sem = asyncio.Semaphore(500)
 
     async def one():
         async with sem:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
@@ -432,11 +440,11 @@ def part_idle(upstream, results):
     results["idle_serve_range"] = (serves[0][1], serves[-1][1])
 
 
-def measure_idle(name, proc, port, key, n):
+def measure_idle(name, proc, port, key, n, tls=False):
     """RSS of proc (and its children) before and while it holds n idle connections."""
     before = children_rss_kib(proc.pid)
     loop = asyncio.new_event_loop()
-    conns = loop.run_until_complete(hold_idle(port, key, n))
+    conns = loop.run_until_complete(hold_idle(port, key, n, tls))
     time.sleep(1)
     after = children_rss_kib(proc.pid)
     for w in conns:
@@ -525,6 +533,21 @@ def part_tls(upstream, results):
     results["tls"] = rows
     stop(gw)
     stop(ng)
+    if "idle" in PARTS:
+        # Fresh processes, as for `serve`: after the load above, both hold memory they reuse.
+        log(f"  {IDLE} idle HTTPS/1.1 connections (fresh processes)")
+        tls_port = free_port()
+        gw, _ = gateway(upstream.port, data, ["--tls-listen", f"127.0.0.1:{tls_port}", "--tls-cert", cert,
+                                              "--tls-key", keyf])
+        wait_port(tls_port, gw)
+        ng, ng_port = nginx_proxy(upstream, tls=(cert, keyf))
+        results["tls_idle"] = {}
+        for name, (proc, port) in {"gateway": (gw, tls_port), "nginx": (ng, ng_port)}.items():
+            wrk(f"https://127.0.0.1:{port}/v1/pets", key, dur=1)
+            time.sleep(1)
+            results["tls_idle"][name] = measure_idle(name, proc, port, key, IDLE, tls=True)
+        stop(gw)
+        stop(ng)
 
 
 def part_redis_exactness(upstream, results):
@@ -631,6 +654,13 @@ def report(results):
         gw, ng = t["gateway"], t["nginx"]
         ratio = lambda k: statistics.median(gw[k]) / statistics.median(ng[k])
         lines += ["", f"Gateway / nginx: HTTPS/1.1 {ratio('h1'):.2f}x, HTTP/2 {ratio('h2'):.2f}x, handshakes {ratio('handshakes'):.2f}x.", ""]
+    if "tls_idle" in results:
+        lines += [f"{IDLE:,} idle HTTPS/1.1 keep-alive connections, each after one GET (fresh processes after 1 s "
+                  "of load, one measurement):", "",
+                  "| path | RSS before MiB | RSS with the connections MiB | bytes per connection |", "|---|---|---|---|"]
+        for n, (before, after, count) in results["tls_idle"].items():
+            lines.append(f"| {n} | {before / 1024:.1f} | {after / 1024:.1f} | {(after - before) * 1024 / count:,.0f} |")
+        lines.append("")
     if "exactness" in results:
         lines += ["## Two gateways on one Redis: admitted against the limit under load", "",
                   "A fresh key with a limit of 5,000 a minute, hammered for 5 s through both gateways at once "
