@@ -561,27 +561,12 @@ fn slow_request_heads_and_silent_connections_are_closed() {
     );
     let key = stack.key(&["--plan", "business"]);
     let silent = std::net::TcpStream::connect(stack.listen).unwrap();
-    let mut slow = std::net::TcpStream::connect(stack.listen).unwrap();
-    // One byte every 100 ms (the read timeout paces it): each read is quick, the head as a
-    // whole is not.
-    slow.set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
     let head = format!("GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n");
-    let started = Instant::now();
+    let closed_after = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut slow = tokio::net::TcpStream::connect(stack.listen).await.unwrap();
+        common::trickle_until_closed(&mut slow, head.as_bytes()).await
+    });
     let mut buf = [0u8; 256];
-    let mut closed_after = None;
-    for byte in head.as_bytes() {
-        let sent = slow.write_all(&[*byte]);
-        let read = slow.read(&mut buf);
-        match read {
-            Err(e) if sent.is_ok() && e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Ok(n) if n > 0 => panic!("answered: {}", String::from_utf8_lossy(&buf[..n])),
-            _ => {
-                closed_after = Some(started.elapsed());
-                break;
-            }
-        }
-    }
     let closed_after = closed_after.expect("the slow head was never closed");
     assert!(
         closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(6),

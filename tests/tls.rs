@@ -410,28 +410,11 @@ async fn slow_heads_and_silent_connections_over_https_are_closed() {
     let api_key = stack.key(&["--plan", "pro"]);
     let silent = ca.connect_http1(tls).await;
 
-    // One byte every 100 ms: each write is quick, the head as a whole is not.
     let mut slow = ca.connect_http1(tls).await;
     let head =
         format!("GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {api_key}\r\n\r\n");
-    let started = Instant::now();
+    let closed_after = common::trickle_until_closed(&mut slow, head.as_bytes()).await;
     let mut buf = [0u8; 256];
-    let mut closed_after = None;
-    for byte in head.as_bytes() {
-        let sent = match slow.write_all(&[*byte]).await {
-            Ok(()) => slow.flush().await,
-            Err(e) => Err(e),
-        };
-        let read = tokio::time::timeout(Duration::from_millis(100), slow.read(&mut buf)).await;
-        match (sent, read) {
-            (Ok(()), Err(_)) => {} // nothing to read yet
-            (_, Ok(Ok(n))) if n > 0 => panic!("answered: {}", String::from_utf8_lossy(&buf[..n])),
-            _ => {
-                closed_after = Some(started.elapsed());
-                break;
-            }
-        }
-    }
     let closed_after = closed_after.expect("the slow head was never closed");
     assert!(
         closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(6),

@@ -688,3 +688,30 @@ impl GatewayOnly {
         );
     }
 }
+
+/// Writes `head` on `stream` one byte every 100 ms (each write is quick, the head as a whole is
+/// not) and returns how long after the first byte the gateway closed the connection, or `None`
+/// if the whole head went out without that. Panics if the gateway answers instead.
+pub async fn trickle_until_closed<S>(stream: &mut S, head: &[u8]) -> Option<Duration>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    for byte in head {
+        let sent = match stream.write_all(&[*byte]).await {
+            Ok(()) => stream.flush().await,
+            Err(e) => Err(e),
+        };
+        let read = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut buf)).await;
+        match (sent, read) {
+            (Ok(()), Err(_)) => {} // nothing to read yet
+            (_, Ok(Ok(n))) if n > 0 => {
+                panic!("answered: {}", String::from_utf8_lossy(&buf[..n]))
+            }
+            _ => return Some(started.elapsed()),
+        }
+    }
+    None
+}

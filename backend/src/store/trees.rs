@@ -356,4 +356,47 @@ mod tests {
         assert_eq!(trees.pets.len(), 1);
         assert_eq!(trees.by_status.len(), 1);
     }
+
+    #[tokio::test]
+    async fn idempotency_records_expire_and_are_purged_after_24_hours() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), CommitMode::Group).unwrap();
+        let t0 = 1_795_341_600;
+        let Created::New(first) = store.create(pet("a"), key("old"), t0).await.unwrap() else {
+            panic!()
+        };
+        store
+            .create(pet("b"), key("new"), t0 + 20 * 3600)
+            .await
+            .unwrap();
+        // Within 24 h a retry is a replay; the purge keeps both records.
+        let later = t0 + IDEMPOTENCY_TTL_SECS - 1;
+        assert_eq!(
+            store.create(pet("a"), key("old"), later).await.unwrap(),
+            Created::Replayed(first.clone())
+        );
+        assert_eq!(store.purge_expired_idempotency(later).unwrap(), 0);
+        // At 24 h the first expires and is purged; the second stays.
+        assert_eq!(
+            store
+                .purge_expired_idempotency(t0 + IDEMPOTENCY_TTL_SECS)
+                .unwrap(),
+            1
+        );
+        let Created::New(again) = store
+            .create(pet("a"), key("old"), t0 + IDEMPOTENCY_TTL_SECS)
+            .await
+            .unwrap()
+        else {
+            panic!("an expired key creates a new pet")
+        };
+        assert!(again.id > first.id);
+        assert!(matches!(
+            store
+                .create(pet("x"), key("new"), t0 + 21 * 3600)
+                .await
+                .unwrap(),
+            Created::KeyReused
+        ));
+    }
 }
