@@ -414,19 +414,8 @@ async fn slow_heads_and_silent_connections_over_https_are_closed() {
     let head =
         format!("GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {api_key}\r\n\r\n");
     let closed_after = common::trickle_until_closed(&mut slow, head.as_bytes()).await;
+    common::assert_closed_at_header_timeout(closed_after, stack.admin);
     let mut buf = [0u8; 256];
-    let closed_after = closed_after.expect("the slow head was never closed");
-    assert!(
-        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(6),
-        "closed after {closed_after:?}, the header timeout is 1 s"
-    );
-    assert_eq!(
-        metric(
-            stack.admin,
-            "gateway_client_timeouts_total{phase=\"header\"}"
-        ),
-        Some(1.0)
-    );
 
     // The same head sent at once is answered, and the connection stays open for more.
     let mut quick = ca.connect_http1(tls).await;

@@ -715,3 +715,17 @@ where
     }
     None
 }
+
+/// Checks what [`trickle_until_closed`] saw against a gateway whose `header_timeout_seconds` is
+/// 1: closed after about a second, not before, and counted once.
+pub fn assert_closed_at_header_timeout(closed_after: Option<Duration>, admin: SocketAddr) {
+    let closed_after = closed_after.expect("the slow head was never closed");
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(6),
+        "closed after {closed_after:?}, the header timeout is 1 s"
+    );
+    assert_eq!(
+        metric(admin, "gateway_client_timeouts_total{phase=\"header\"}"),
+        Some(1.0)
+    );
+}
