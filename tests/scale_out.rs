@@ -391,3 +391,61 @@ async fn two_gateways_on_a_redis_cluster_admit_exactly_the_limit() {
     let log = std::fs::read_to_string(&a.proc.log).unwrap();
     assert!(log.contains("connected to the cluster"), "{log}");
 }
+
+/// Limit decisions go over a Redis connection of the proxy thread's own, not the shared one
+/// whose I/O runs on another thread: one more connection per proxy thread (here one), made
+/// once and kept, not one per request.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_proxy_thread_decides_over_its_own_redis_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let config = config(dir.path(), "[gateway.redis]\ntimeout_ms = 5000");
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let gateway = GatewayOnly::start(
+        dir.path(),
+        "a",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+    let key = enterprise(dir.path(), &config, &url, 100_000);
+    gateway.wait_keys(1);
+    // The clients Redis has, but for the redis-cli asking.
+    let connections = || -> Vec<String> {
+        redis
+            .cli(&["client", "list"])
+            .lines()
+            .filter(|l| !l.contains("cmd=client|list"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        connections().len(),
+        1,
+        "the shared connection: {:?}",
+        connections()
+    );
+
+    // The first decisions go over the shared connection while the thread's own is made.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while connections().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no connection of the thread's own: {:?}",
+            connections()
+        );
+        let statuses = burst(&[&gateway], &key, 20).await;
+        assert_eq!(count(&statuses, 200), 20);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let statuses = burst(&[&gateway], &key, 300).await;
+    assert_eq!(count(&statuses, 200), 300);
+    assert_all_decided_in_redis(&[&gateway]);
+    let now = connections();
+    assert_eq!(now.len(), 2, "one per proxy thread, kept: {now:?}");
+    assert!(
+        now.iter().any(|l| l.contains("cmd=evalsha")),
+        "decisions are made over it: {now:?}"
+    );
+}

@@ -334,14 +334,14 @@ impl Limiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::sync::Arc;
 
     /// A million active keys fit in about 115 MB only while the state stays this small.
     #[test]
     fn a_key_state_is_48_bytes() {
         assert_eq!(std::mem::size_of::<KeyState>(), 48);
     }
-    use proptest::prelude::*;
-    use std::sync::Arc;
 
     const FREE: Limits = Limits {
         per_minute: 60,

@@ -220,7 +220,7 @@ pub static CLIENT_TIMEOUTS: Lazy<IntCounterVec> = Lazy::new(|| {
     )
 });
 
-/// Plain-HTTP client connections open now.
+/// HTTP/1.1 client connections (plain or TLS) open now.
 pub static CLIENT_CONNECTIONS: Lazy<IntGauge> = Lazy::new(|| {
     register(
         IntGauge::new(
