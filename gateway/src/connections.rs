@@ -5,7 +5,8 @@
 //! per-request proxy state machine, with the previous request's session and buffers: about
 //! 100 KB per idle connection, for as long as the client keeps it open. [`Connections`] owns
 //! the keep-alive loop instead. Between requests a connection is only its socket, its small
-//! buffers and a 430-byte task: it waits until the client sends the next request (at most
+//! read buffer and a 430-byte task (the write buffer exists only while a response is written,
+//! [`crate::write_buffer`]): it waits until the client sends the next request (at most
 //! `gateway.keepalive_timeout_seconds`), and only then builds a session and hands it to the
 //! proxy. The request head must then be complete within `gateway.header_timeout_seconds`
 //! (nginx's `client_header_timeout`), or the connection is closed: a slow client cannot hold a
@@ -31,6 +32,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::metrics;
 use crate::settings::Settings;
+use crate::write_buffer::WriteBuffered;
 
 thread_local! {
     /// Set by the proxy when it has a request head, during the poll that read it.
@@ -121,6 +123,8 @@ where
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
+        // The listeners leave writes unbuffered; responses are gathered here instead.
+        let stream = WriteBuffered::wrap(stream);
         if !matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1)) {
             return ServerApp::process_new(&self.app, stream, shutdown).await;
         }

@@ -31,6 +31,7 @@ pub mod routes;
 pub mod settings;
 pub mod store;
 pub mod tls;
+pub mod write_buffer;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -172,17 +173,20 @@ pub fn run(
     let mut public = Service::new("gateway".to_owned(), connections);
     // pingora's default 64 KiB read buffer would stay resident in every idle connection; the
     // HTTP/1 parser reads the head into its own buffer, so plain HTTP needs only a small one.
+    // Writes are buffered above the transport, only while a response is written
+    // ([`write_buffer`]).
     public.add_listener(
         ListenerConfig::tcp(settings.listen.to_string())
-            .l4_buffer(L4BufferSettings::default().read(PLAIN_READ_BUFFER)),
+            .l4_buffer(L4BufferSettings::new(PLAIN_READ_BUFFER, 0)),
     );
     if let (Some((listen, _)), Some(certificate)) = (&settings.tls, &certificate) {
         // rustls reads whole records into its own buffer, 4 KiB and more at a time: a read
-        // buffer under it would only be copied through (or bypassed) and stay resident.
+        // buffer under it would only be copied through (or bypassed) and stay resident. Writes
+        // are gathered above TLS, so a response leaves as one record.
         public.add_listener(
             ListenerConfig::tcp(listen.to_string())
                 .tls(certificate.listener_settings())
-                .l4_buffer(L4BufferSettings::default().read(0)),
+                .l4_buffer(L4BufferSettings::unbuffered()),
         );
     }
     let mut admin = Service::new(

@@ -1,0 +1,247 @@
+//! A client connection's write buffer that exists only while a response is being written.
+//!
+//! A response's head and body are written separately; buffered, they leave in one system call
+//! (and over TLS in one record). pingora's transport has such a buffer, but it is allocated with
+//! the connection and kept for as long as the connection lives: 1,460 bytes in every idle
+//! keep-alive connection, 14 MiB for 10,000 of them. [`WriteBuffered`] coalesces the writes
+//! above the transport instead, in a buffer taken when a response's first bytes are written and
+//! given back when they are flushed, so a connection waiting for its next request holds none.
+//! The listeners turn the transport's own write buffer off.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::{SslDigest, TlsRef};
+use pingora::protocols::{
+    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
+    Stream, TimingDigest, UniqueID, UniqueIDType,
+};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+/// How much of a response is gathered before it is written: a head and a page of pets. Larger
+/// writes go straight through.
+pub const CAPACITY: usize = 4096;
+
+/// `inner` with its writes gathered in a buffer that lives from a response's first write to its
+/// flush.
+#[derive(Debug)]
+pub struct WriteBuffered {
+    inner: Stream,
+    buf: Vec<u8>,
+    /// How much of `buf` has been written to `inner`.
+    written: usize,
+}
+
+impl WriteBuffered {
+    /// Buffers the writes to `inner`, whose own write buffer should be off.
+    pub fn wrap(inner: Stream) -> Stream {
+        Box::new(WriteBuffered {
+            inner,
+            buf: Vec::new(),
+            written: 0,
+        })
+    }
+
+    /// Writes what is buffered to `inner`, then gives the buffer back.
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.written < self.buf.len() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.buf[self.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        self.buf = Vec::new();
+        self.written = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for WriteBuffered {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if this.buf.len() + data.len() > CAPACITY {
+            ready!(this.poll_write_out(cx))?;
+        }
+        if data.len() >= CAPACITY {
+            return Pin::new(&mut this.inner).poll_write(cx, data);
+        }
+        if this.buf.capacity() == 0 {
+            this.buf.reserve_exact(CAPACITY);
+        }
+        this.buf.extend_from_slice(data);
+        Poll::Ready(Ok(data.len()))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_write_out(cx))?;
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_write_out(cx))?;
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl AsyncRead for WriteBuffered {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+#[async_trait]
+impl Shutdown for WriteBuffered {
+    async fn shutdown(&mut self) {
+        // As pingora's transports do: a failure to say goodbye is not worth reporting.
+        if self.flush().await.is_ok() {
+            Shutdown::shutdown(&mut *self.inner).await;
+        }
+    }
+}
+
+impl UniqueID for WriteBuffered {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for WriteBuffered {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for WriteBuffered {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for WriteBuffered {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: ProxyDigest) {
+        self.inner.set_proxy_digest(digest);
+    }
+}
+
+impl GetSocketDigest for WriteBuffered {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, digest: SocketDigest) {
+        self.inner.set_socket_digest(digest);
+    }
+}
+
+#[async_trait]
+impl Peek for WriteBuffered {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, duplex};
+
+    use super::*;
+
+    fn buffered() -> (WriteBuffered, DuplexStream) {
+        let (ours, theirs) = duplex(64 * 1024);
+        let stream = WriteBuffered {
+            inner: Box::new(ours),
+            buf: Vec::new(),
+            written: 0,
+        };
+        (stream, theirs)
+    }
+
+    /// What the peer has received so far, without waiting for more.
+    async fn received(peer: &mut DuplexStream) -> Vec<u8> {
+        let mut got = vec![0; 64 * 1024];
+        match tokio::time::timeout(Duration::from_millis(50), peer.read(&mut got)).await {
+            Ok(n) => got.truncate(n.unwrap()),
+            Err(_) => got.clear(),
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn a_response_leaves_whole_at_its_flush_and_the_buffer_goes_with_it() {
+        let (mut stream, mut peer) = buffered();
+        stream.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+        stream.write_all(b"[]").await.unwrap();
+        assert_eq!(received(&mut peer).await, b"");
+        assert_eq!(stream.buf.capacity(), CAPACITY);
+
+        stream.flush().await.unwrap();
+        assert_eq!(received(&mut peer).await, b"HTTP/1.1 200 OK\r\n\r\n[]");
+        assert_eq!(
+            stream.buf.capacity(),
+            0,
+            "an idle connection holds no buffer"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_large_write_goes_straight_through_after_what_was_gathered() {
+        let (mut stream, mut peer) = buffered();
+        let body = vec![b'x'; CAPACITY + 1];
+        stream.write_all(b"head").await.unwrap();
+        stream.write_all(&body).await.unwrap();
+        stream.write_all(b"tail").await.unwrap();
+        stream.flush().await.unwrap();
+
+        let mut got = Vec::new();
+        while got.len() < 4 + body.len() + 4 {
+            got.extend(received(&mut peer).await);
+        }
+        assert_eq!(&got[..4], b"head");
+        assert_eq!(&got[4..4 + body.len()], &body[..]);
+        assert_eq!(&got[4 + body.len()..], b"tail");
+    }
+
+    #[tokio::test]
+    async fn shutting_down_writes_what_is_gathered_first() {
+        let (mut stream, mut peer) = buffered();
+        stream.write_all(b"last words").await.unwrap();
+        Shutdown::shutdown(&mut stream).await;
+        assert_eq!(received(&mut peer).await, b"last words");
+    }
+}
