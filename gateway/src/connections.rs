@@ -125,12 +125,14 @@ where
     ) -> Option<Stream> {
         // The listeners leave writes unbuffered; responses are gathered here instead.
         let stream = WriteBuffered::wrap(stream);
-        if !matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1)) {
-            return ServerApp::process_new(&self.app, stream, shutdown).await;
-        }
         // pingora's task for a connection is sized for a TLS handshake (about 8 KB) and lives as
-        // long as the connection; a task of our own holds the connection in about 430 bytes.
-        tokio::spawn(self.clone().serve(stream, shutdown.clone()));
+        // long as the connection; a task of our own holds the connection in a few hundred bytes.
+        if matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1)) {
+            tokio::spawn(self.clone().serve(stream, shutdown.clone()));
+        } else {
+            let (app, shutdown) = (self.app.clone(), shutdown.clone());
+            tokio::spawn(async move { ServerApp::process_new(&app, stream, &shutdown).await });
+        }
         None
     }
 
