@@ -13,8 +13,8 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis):
   open     open loop at fixed offered rates (oha -q RATE --latency-correction): p50/p99 against
            offered load, plotted to bench/latency.svg
   idle     RSS of each proxy holding 10,000 idle keep-alive connections that each made one GET
-           (`serve`: the median of ROUNDS fresh processes); with tls, also over HTTPS/1.1 for the
-           gateway and nginx
+           (`serve`: the median of ROUNDS fresh processes); with tls, also over HTTPS/1.1 and
+           HTTP/2 for the gateway and nginx
   creates  durable creates straight to the backend: commit = group, per_request, none
   tls      HTTPS: wrk over HTTP/1.1, h2load over HTTP/2, and full handshakes per second; the
            gateway against nginx with the same certificate
@@ -396,14 +396,41 @@ def plot(open_results, path):
     path.write_text("\n".join(parts))
 
 
-async def hold_idle(port, key, n, tls=False):
-    """Opens n connections (HTTPS/1.1 if tls), sends one GET with the key on each, reads the
-    answer, keeps them."""
+def h2_frame(kind, flags, stream, payload):
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def h2_get(key):
+    """The client preface, an empty SETTINGS frame and a GET of /v1/pets with the key on stream 1
+    (HPACK literals without indexing, so no table is needed)."""
+    fields = [(":method", "GET"), (":scheme", "https"), (":path", "/v1/pets"), (":authority", "localhost"),
+              ("authorization", f"Bearer {key}")]
+    block = b"".join(b"\0" + bytes([len(k)]) + k.encode() + bytes([len(v)]) + v.encode() for k, v in fields)
+    return b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0, b"") + h2_frame(1, 0x5, 1, block)
+
+
+async def h2_answer(reader, writer):
+    """Reads frames until stream 1 ends, acknowledging the server's settings."""
+    while True:
+        head = await reader.readexactly(9)
+        kind, flags = head[3], head[4]
+        await reader.readexactly(int.from_bytes(head[:3], "big"))
+        if kind == 4 and not flags & 1:
+            writer.write(h2_frame(4, 1, 0, b""))
+        elif kind == 7:
+            raise RuntimeError("GOAWAY before the answer")
+        elif kind in (0, 1) and flags & 1:
+            return
+
+
+async def hold_idle(port, key, n, alpn=None):
+    """Opens n connections (over TLS with `alpn` if given: "http/1.1" or "h2"), sends one GET with
+    the key on each, reads the answer, keeps them."""
     context = None
-    if tls:
+    if alpn:
         context = ssl.create_default_context()
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-        context.set_alpn_protocols(["http/1.1"])
+        context.set_alpn_protocols([alpn])
     conns = []
     request = f"GET /v1/pets HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
     sem = asyncio.Semaphore(500)
@@ -411,10 +438,14 @@ async def hold_idle(port, key, n, tls=False):
     async def one():
         async with sem:
             reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
-            await reader.readexactly(length)
+            if alpn == "h2":
+                writer.write(h2_get(key))
+                await h2_answer(reader, writer)
+            else:
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
+                await reader.readexactly(length)
             conns.append(writer)
     await asyncio.gather(*(one() for _ in range(n)))
     return conns
@@ -440,11 +471,11 @@ def part_idle(upstream, results):
     results["idle_serve_range"] = (serves[0][1], serves[-1][1])
 
 
-def measure_idle(name, proc, port, key, n, tls=False):
+def measure_idle(name, proc, port, key, n, alpn=None):
     """RSS of proc (and its children) before and while it holds n idle connections."""
     before = children_rss_kib(proc.pid)
     loop = asyncio.new_event_loop()
-    conns = loop.run_until_complete(hold_idle(port, key, n, tls))
+    conns = loop.run_until_complete(hold_idle(port, key, n, alpn))
     time.sleep(1)
     after = children_rss_kib(proc.pid)
     for w in conns:
@@ -533,19 +564,21 @@ def part_tls(upstream, results):
     results["tls"] = rows
     stop(gw)
     stop(ng)
-    if "idle" in PARTS:
-        # Fresh processes, as for `serve`: after the load above, both hold memory they reuse.
-        log(f"  {IDLE} idle HTTPS/1.1 connections (fresh processes)")
+    if "idle" not in PARTS:
+        return
+    # Fresh processes, as for `serve`: after the load above, both hold memory they reuse.
+    for alpn, label in (("http/1.1", "tls_idle"), ("h2", "h2_idle")):
+        log(f"  {IDLE} idle {alpn} connections over TLS (fresh processes)")
         tls_port = free_port()
         gw, _ = gateway(upstream.port, data, ["--tls-listen", f"127.0.0.1:{tls_port}", "--tls-cert", cert,
                                               "--tls-key", keyf])
         wait_port(tls_port, gw)
         ng, ng_port = nginx_proxy(upstream, tls=(cert, keyf))
-        results["tls_idle"] = {}
+        results[label] = {}
         for name, (proc, port) in {"gateway": (gw, tls_port), "nginx": (ng, ng_port)}.items():
             wrk(f"https://127.0.0.1:{port}/v1/pets", key, dur=1)
             time.sleep(1)
-            results["tls_idle"][name] = measure_idle(name, proc, port, key, IDLE, tls=True)
+            results[label][name] = measure_idle(name, proc, port, key, IDLE, alpn)
         stop(gw)
         stop(ng)
 
@@ -654,11 +687,14 @@ def report(results):
         gw, ng = t["gateway"], t["nginx"]
         ratio = lambda k: statistics.median(gw[k]) / statistics.median(ng[k])
         lines += ["", f"Gateway / nginx: HTTPS/1.1 {ratio('h1'):.2f}x, HTTP/2 {ratio('h2'):.2f}x, handshakes {ratio('handshakes'):.2f}x.", ""]
-    if "tls_idle" in results:
-        lines += [f"{IDLE:,} idle HTTPS/1.1 keep-alive connections, each after one GET (fresh processes after 1 s "
-                  "of load, one measurement):", "",
+    for label, what in (("tls_idle", "HTTPS/1.1 keep-alive connections"),
+                        ("h2_idle", "HTTP/2 connections (TLS, ALPN h2)")):
+        if label not in results:
+            continue
+        lines += [f"{IDLE:,} idle {what}, each after one GET (fresh processes after 1 s of load, one "
+                  "measurement):", "",
                   "| path | RSS before MiB | RSS with the connections MiB | bytes per connection |", "|---|---|---|---|"]
-        for n, (before, after, count) in results["tls_idle"].items():
+        for n, (before, after, count) in results[label].items():
             lines.append(f"| {n} | {before / 1024:.1f} | {after / 1024:.1f} | {(after - before) * 1024 / count:,.0f} |")
         lines.append("")
     if "exactness" in results:
