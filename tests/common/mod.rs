@@ -99,6 +99,20 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A failing test shows what the process last said, and whether it was still running.
+            let state = match self.child.try_wait() {
+                Ok(Some(status)) => format!("exited with {status}"),
+                _ => "running".to_owned(),
+            };
+            let log = self.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!(
+                "animal-store {} ({state}), last lines of its log:\n{}",
+                self.child.id(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
