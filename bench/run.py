@@ -410,11 +410,14 @@ def h2_get(key):
 
 
 async def h2_answer(reader, writer):
-    """Reads frames until stream 1 ends, acknowledging the server's settings."""
+    """Reads frames until stream 1 ends, acknowledging the server's settings; the answer must be a
+    200 (HPACK's indexed `:status 200`, as both servers encode it)."""
     while True:
         head = await reader.readexactly(9)
         kind, flags = head[3], head[4]
-        await reader.readexactly(int.from_bytes(head[:3], "big"))
+        payload = await reader.readexactly(int.from_bytes(head[:3], "big"))
+        if kind == 1 and not payload.startswith(b"\x88"):
+            raise RuntimeError(f"not a 200: {payload[:8]!r}")
         if kind == 4 and not flags & 1:
             writer.write(h2_frame(4, 1, 0, b""))
         elif kind == 7:
