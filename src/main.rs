@@ -20,7 +20,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// How long mimalloc keeps freed memory before giving it back to the system. Its default, 1 s,
 /// is only acted on when the thread that freed the memory allocates or frees again, so a gateway
 /// that goes quiet after a burst (say, 10,000 clients that each sent a request and now hold their
-/// connections open) keeps the burst's memory: 67-69 MiB for `serve` in that case, 52-55 MiB at
+/// connections open) keeps the burst's memory: 67-69 MiB for `serve` in that case, 51-56 MiB at
 /// 100 ms, with no measurable change in throughput (at 0, 9% fewer requests a second).
 const PURGE_DELAY_MS: std::ffi::c_long = 100;
 
