@@ -3,6 +3,7 @@
 //! `Deprecation`, `Sunset` and `Link`. One function decorates proxied responses and the
 //! gateway's own alike, so they cannot differ.
 
+use bytes::Bytes;
 use http::HeaderValue;
 use pingora::http::ResponseHeader;
 
@@ -73,21 +74,46 @@ pub fn address_policy(per_minute: u32) -> HeaderValue {
         .expect("valid header text")
 }
 
+/// A number as a header value, in one allocation (`HeaderValue::from(u64)` takes two).
+fn number(n: u64) -> HeaderValue {
+    HeaderValue::from_str(itoa::Buffer::new().format(n)).expect("digits are header text")
+}
+
+/// The draft `RateLimit` value, `"<policy>";r=<remaining>;t=<seconds>`, built without `format!`.
+fn rate_limit_field(name: &str, remaining: u64, seconds_left: u64) -> HeaderValue {
+    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let parts = [
+        "\"",
+        name,
+        "\";r=",
+        r.format(remaining),
+        ";t=",
+        t.format(seconds_left),
+    ];
+    let mut text = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
+        text.extend_from_slice(part.as_bytes());
+    }
+    // Exactly as long as its capacity: `Bytes` takes the vector without copying it.
+    HeaderValue::from_maybe_shared(Bytes::from(text))
+        .expect("a policy name and digits are header text")
+}
+
 /// Adds the limit, identity, deprecation and CORS headers of the request in `ctx`.
 pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx) -> pingora::Result<()> {
     let now_ms = ctx.now_ms;
     if let Some(rate) = &ctx.rate {
-        response.insert_header("X-RateLimit-Limit", rate.limit)?;
-        response.insert_header("X-RateLimit-Remaining", rate.remaining)?;
-        response.insert_header("X-RateLimit-Reset", ceil_secs(rate.reset_ms))?;
+        response.insert_header("X-RateLimit-Limit", number(rate.limit))?;
+        response.insert_header("X-RateLimit-Remaining", number(rate.remaining))?;
+        response.insert_header("X-RateLimit-Reset", number(ceil_secs(rate.reset_ms)))?;
         response.insert_header("RateLimit-Policy", rate.policy.clone())?;
         let seconds_left = ceil_secs(rate.reset_ms.saturating_sub(now_ms));
         response.insert_header(
             "RateLimit",
-            format!("\"{}\";r={};t={seconds_left}", rate.name, rate.remaining),
+            rate_limit_field(rate.name, rate.remaining, seconds_left),
         )?;
     }
-    response.insert_header("X-Request-Id", &ctx.request_id)?;
+    response.insert_header("X-Request-Id", ctx.request_id.header())?;
     if let Some(origin) = &ctx.cors {
         crate::cors::decorate(response, origin)?;
     }
@@ -99,4 +125,20 @@ pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx) -> pingora::Result<()>
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_render_as_the_draft_and_the_x_headers_say() {
+        assert_eq!(number(0), "0");
+        assert_eq!(number(u64::MAX), u64::MAX.to_string().as_str());
+        assert_eq!(rate_limit_field("minute", 59, 42), "\"minute\";r=59;t=42");
+        assert_eq!(
+            rate_limit_field(FAILED_AUTH, u64::MAX, 0),
+            format!("\"failed-auth\";r={};t=0", u64::MAX).as_str()
+        );
+    }
 }

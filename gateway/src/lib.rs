@@ -27,6 +27,7 @@ pub mod plans;
 pub mod proxy;
 pub mod redis_conn;
 pub mod redis_keys;
+pub mod request_id;
 pub mod routes;
 pub mod settings;
 pub mod store;

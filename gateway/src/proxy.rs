@@ -22,7 +22,6 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use animal_store_contract::ErrorCode;
@@ -30,7 +29,6 @@ use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::HeaderValue;
-use once_cell::sync::Lazy;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::{Error, ErrorType, Result};
@@ -47,6 +45,7 @@ use crate::keyring::Keyring;
 use crate::keys::ActiveKey;
 use crate::metrics;
 use crate::pages;
+use crate::request_id::RequestId;
 use crate::routes::{Route, Upstream};
 use crate::settings::Settings;
 use crate::store::LimitStore;
@@ -89,7 +88,7 @@ pub struct Ctx {
     /// The client's address (see [`crate::client`]); unspecified until the request is read.
     pub client: IpAddr,
     /// Returned to the client and forwarded upstream.
-    pub request_id: String,
+    pub request_id: RequestId,
     /// Unix milliseconds when the request was decided on.
     pub now_ms: u64,
     /// What the response says about the caller's limits.
@@ -144,21 +143,6 @@ impl Gateway {
     }
 }
 
-static REQUEST_IDS: Lazy<(u32, AtomicU64)> = Lazy::new(|| {
-    let mut seed = [0u8; 4];
-    let _ = getrandom::fill(&mut seed);
-    (u32::from_be_bytes(seed), AtomicU64::new(0))
-});
-
-/// A request id unique within this process and, with its random prefix, across restarts.
-fn next_request_id() -> String {
-    let (prefix, counter) = &*REQUEST_IDS;
-    format!(
-        "{prefix:08x}{:016x}",
-        counter.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
 /// The TCP peer's address.
 fn peer_ip(session: &Session) -> IpAddr {
     session
@@ -176,7 +160,7 @@ impl ProxyHttp for Gateway {
         Ctx {
             settings: self.live.load_full(),
             client: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            request_id: next_request_id(),
+            request_id: RequestId::next(),
             now_ms: 0,
             rate: None,
             deprecation: None,
@@ -305,7 +289,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
     ) -> Result<()> {
         upstream.remove_header(&http::header::AUTHORIZATION);
-        upstream.insert_header("X-Request-Id", &ctx.request_id)?;
+        upstream.insert_header("X-Request-Id", ctx.request_id.header())?;
         let received = upstream
             .headers
             .get("X-Forwarded-For")
@@ -326,8 +310,8 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
     ) -> Result<()> {
         if let (Some(started), Some(route)) = (ctx.upstream_started, &ctx.route) {
-            metrics::UPSTREAM_DURATION
-                .with_label_values(&[route.prefix.as_str()])
+            route
+                .upstream_duration
                 .observe(started.elapsed().as_secs_f64());
         }
         headers::decorate(response, ctx)
@@ -391,7 +375,7 @@ impl ProxyHttp for Gateway {
                 format,
                 &access_log::Entry {
                     time_ms: ctx.now_ms,
-                    request_id: &ctx.request_id,
+                    request_id: ctx.request_id.as_str(),
                     client: if ctx.client.is_unspecified() {
                         peer_ip(session)
                     } else {

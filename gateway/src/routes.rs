@@ -116,7 +116,7 @@ pub fn normalize_path(path: &str) -> Result<Cow<'_, str>, PathError> {
 }
 
 /// Where a route's requests go.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Route {
     /// Path prefix under `/v1`, matched at segment boundaries.
     pub prefix: String,
@@ -130,6 +130,8 @@ pub struct Route {
     pub tls: Option<UpstreamTls>,
     /// Which browser origins may call this route (its own, or `[gateway.cors]`).
     pub cors: Option<Arc<crate::cors::CorsPolicy>>,
+    /// The route's series of `gateway_upstream_duration_seconds`, looked up once.
+    pub upstream_duration: prometheus::Histogram,
 }
 
 /// A route's upstream.
@@ -353,6 +355,7 @@ mod tests {
             deprecations: Vec::new(),
             tls: None,
             cors: None,
+            upstream_duration: crate::metrics::UPSTREAM_DURATION.with_label_values(&[prefix]),
         };
         let routes = Routes::new(vec![
             route("/v1/store", 1),

@@ -16,6 +16,7 @@ use crate::config::{
 };
 use crate::cors::CorsPolicy;
 use crate::deprecation::Deprecation;
+use crate::metrics;
 use crate::plans::{MAX_LIMIT, Plans};
 use crate::routes::{Route, Routes, Upstream, UpstreamTls, normalize_path};
 use crate::store::Fallback;
@@ -283,6 +284,7 @@ fn route_settings(
         deprecations.push(Arc::new(deprecation));
     }
     Ok(Route {
+        upstream_duration: metrics::UPSTREAM_DURATION.with_label_values(&[prefix.as_str()]),
         prefix: prefix.clone(),
         upstream,
         timeout: Duration::from_millis(timeout.get()),
