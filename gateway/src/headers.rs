@@ -99,19 +99,27 @@ fn rate_limit_field(name: &str, remaining: u64, seconds_left: u64) -> HeaderValu
         .expect("a policy name and digits are header text")
 }
 
+/// Adds the rate-limit headers `rate` describes, at `now_ms`.
+pub fn insert_rate_headers(
+    response: &mut ResponseHeader,
+    rate: &RateHeaders,
+    now_ms: u64,
+) -> pingora::Result<()> {
+    response.insert_header("X-RateLimit-Limit", number(rate.limit))?;
+    response.insert_header("X-RateLimit-Remaining", number(rate.remaining))?;
+    response.insert_header("X-RateLimit-Reset", number(ceil_secs(rate.reset_ms)))?;
+    response.insert_header("RateLimit-Policy", rate.policy.clone())?;
+    let seconds_left = ceil_secs(rate.reset_ms.saturating_sub(now_ms));
+    response.insert_header(
+        "RateLimit",
+        rate_limit_field(rate.name, rate.remaining, seconds_left),
+    )
+}
+
 /// Adds the limit, identity, deprecation and CORS headers of the request in `ctx`.
 pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx) -> pingora::Result<()> {
-    let now_ms = ctx.now_ms;
     if let Some(rate) = &ctx.rate {
-        response.insert_header("X-RateLimit-Limit", number(rate.limit))?;
-        response.insert_header("X-RateLimit-Remaining", number(rate.remaining))?;
-        response.insert_header("X-RateLimit-Reset", number(ceil_secs(rate.reset_ms)))?;
-        response.insert_header("RateLimit-Policy", rate.policy.clone())?;
-        let seconds_left = ceil_secs(rate.reset_ms.saturating_sub(now_ms));
-        response.insert_header(
-            "RateLimit",
-            rate_limit_field(rate.name, rate.remaining, seconds_left),
-        )?;
+        insert_rate_headers(response, rate, ctx.now_ms)?;
     }
     response.insert_header("X-Request-Id", ctx.request_id.header())?;
     if let Some(origin) = &ctx.cors {
