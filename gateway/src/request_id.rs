@@ -1,6 +1,7 @@
-//! Request ids: 24 hex digits, a random prefix chosen at start and a counter, so ids are unique
-//! within a process and, with the prefix, across restarts and a fleet. Rendered once per request
-//! as the header value that goes upstream and back to the client; both share it.
+//! Request ids: 24 hex digits, a random 32-bit prefix chosen at start and a counter, so ids are
+//! unique within a process and, with the prefix, almost surely across restarts and a fleet.
+//! Rendered once per request as the header value that goes upstream and back to the client;
+//! both share it.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
