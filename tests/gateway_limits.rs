@@ -269,12 +269,32 @@ async fn a_sigkill_loses_at_most_the_last_second_of_counts() {
         assert_eq!(stack.get(&c, "/v1/pets", &key).await.status(), 200);
     }
     stack.proc.kill9();
-    let stack = Stack::launch(dir.path(), stack.data_dir.clone(), &stack.config);
+    let mut stack = Stack::launch(dir.path(), stack.data_dir.clone(), &stack.config);
     let r = stack.get(&c, "/v1/pets", &key).await;
     let remaining = num(r.headers(), "x-ratelimit-remaining");
     // 8 were admitted before the kill; the 5 older than a second must have survived.
     assert!(
         (1000 - 9..=1000 - 6).contains(&remaining),
         "remaining {remaining}: counts older than a second were lost"
+    );
+
+    // Again, over what the first restart restored: its first write is a new snapshot
+    // (`limits.bin`), the next ones append what changed to `limits.journal`.
+    for _ in 0..2 {
+        for _ in 0..5 {
+            assert_eq!(stack.get(&c, "/v1/pets", &key).await.status(), 200);
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let journal = std::fs::metadata(stack.data_dir.join("limits.journal")).unwrap();
+    assert!(journal.len() > 16, "a batch was appended to the journal");
+    stack.proc.kill9();
+    let stack = Stack::launch(dir.path(), stack.data_dir.clone(), &stack.config);
+    let r = stack.get(&c, "/v1/pets", &key).await;
+    let after = num(r.headers(), "x-ratelimit-remaining");
+    assert_eq!(
+        after,
+        remaining - 11,
+        "the 11 requests of the second process, all older than a second, survived"
     );
 }

@@ -1,19 +1,32 @@
 //! The embedded limit store: state in this process's memory, decided under one lock per key,
-//! and snapshotted to `limits.bin` in the data directory, never on the request path.
+//! and persisted to the data directory, never on the request path.
 //!
-//! A background task writes the snapshot once a second when anything changed, and the gateway
-//! writes a last one when it stops; so SIGTERM or SIGINT forget nothing and SIGKILL forgets at
-//! most the last second of counts. A snapshot is written whole to a temporary file, synced and
-//! renamed over the old one, so a crash during the write leaves the previous snapshot intact.
-//! Keys whose windows are over and whose ban history no longer matters are left out.
+//! Once a second, when anything changed, a background task appends the states of the keys that
+//! changed since the last write to a journal (`limits.journal`) and syncs it; the gateway
+//! writes a last batch when it stops. So SIGTERM or SIGINT forget nothing and SIGKILL forgets
+//! at most the last second of counts, and a second in which a thousand of a million keys were
+//! used writes a thousand records, not a million. When the journal has grown past the size of
+//! a full snapshot, the states are compacted into `limits.bin`: written whole to a temporary
+//! file, synced and renamed over the old one; then the journal starts again, the same way.
 //!
-//! The file is little-endian `u64` words: a magic word, a count, then nine words per key
-//! (id, minute start + 1 or 0, minute count, refused in window, day, day count, ban end,
-//! last ban start + 1 or 0, ban level).
+//! The snapshot and the journal carry a generation number. A journal is replayed only over the
+//! snapshot of its own generation, so a crash between writing a new snapshot and starting the
+//! new journal cannot replay the old journal's records over newer state. A batch ends with a
+//! checksum: a batch cut short by a crash is where replay stops. Keys whose windows are over
+//! and whose ban history no longer matters are left out of snapshots.
+//!
+//! Both files are little-endian `u64` words. `limits.bin`: a magic word, the generation, a
+//! count, then nine words per key (id, minute start + 1 or 0, minute count, refused in window,
+//! day, day count, ban end, last ban start + 1 or 0, ban level); the first format had no
+//! generation and reads as generation 0. `limits.journal`: a magic word, the generation, then
+//! batches: a count, nine words per key as in the snapshot, and the batch's FNV-1a checksum.
 
-use std::fs::{self, File};
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::hash::BuildHasher;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::bans::BanPolicy;
@@ -23,41 +36,72 @@ use crate::plans::Limits;
 
 /// File name of the snapshot inside the data directory.
 pub const SNAPSHOT_FILE: &str = "limits.bin";
-/// `ASLIMIT1` in ASCII: says what the file is and which layout it has.
-const MAGIC: u64 = u64::from_le_bytes(*b"ASLIMIT1");
+/// File name of the journal of changes since the snapshot.
+pub const JOURNAL_FILE: &str = "limits.journal";
+/// `ASLIMIT1` in ASCII: the first snapshot layout, without a generation.
+const MAGIC_V1: u64 = u64::from_le_bytes(*b"ASLIMIT1");
+/// `ASLIMIT2`: the snapshot layout with a generation.
+const MAGIC: u64 = u64::from_le_bytes(*b"ASLIMIT2");
+/// `ASLJRNL1`: the journal.
+const JOURNAL_MAGIC: u64 = u64::from_le_bytes(*b"ASLJRNL1");
 const WORDS_PER_KEY: usize = 9;
+/// A journal smaller than this is never compacted: a few keys would otherwise rewrite the
+/// snapshot every few seconds.
+const MIN_COMPACTION_BYTES: u64 = 1 << 20;
 /// Which of a key's fields ([`KeyState::fields`]) may be absent: the minute window's start and
-/// the last ban's. The file stores those one more than themselves, and absent as 0; the others
+/// the last ban's. The files store those one more than themselves, and absent as 0; the others
 /// as they are.
 const OPTIONAL: [bool; 8] = [true, false, false, false, false, false, true, false];
 
-/// Why the snapshot could not be written.
+/// Why the limiter state could not be written.
 #[derive(Debug, thiserror::Error)]
-#[error("limiter snapshot {path}: {source}")]
+#[error("limiter state {path}: {source}")]
 pub struct SnapshotError {
     path: PathBuf,
     source: std::io::Error,
 }
 
+/// What the files hold, as far as the next write needs to know.
+struct Files {
+    /// Generation of the snapshot and of the journal that goes with it.
+    generation: u64,
+    /// The open journal, if it is in a state to be appended to.
+    journal: Option<File>,
+    /// Bytes in the journal.
+    journal_bytes: u64,
+    /// Bytes in the snapshot.
+    snapshot_bytes: u64,
+    /// A fingerprint of each key's state as last written: a key whose state has the same one
+    /// is not written again.
+    written: HashMap<KeyId, u64, foldhash::fast::FixedState>,
+}
+
 /// Limits in memory, persisted to the data directory.
 pub struct EmbeddedStore {
     limiter: Limiter,
-    path: PathBuf,
+    dir: PathBuf,
     dirty: AtomicBool,
+    files: Mutex<Files>,
     /// The ban rules the last request came with: what "idle" means for a snapshot.
-    bans: std::sync::Mutex<BanPolicy>,
+    bans: Mutex<BanPolicy>,
 }
 
 impl EmbeddedStore {
-    /// Opens the store in `data_dir`, restoring the last snapshot. A damaged snapshot is moved
-    /// aside (`limits.bin.damaged`) and logged, and the store starts empty: refusing to start
-    /// would take the whole API down for the sake of some counters.
+    /// Opens the store in `data_dir`, restoring the last snapshot and replaying its journal. A
+    /// damaged snapshot is moved aside (`limits.bin.damaged`) and logged, and the store starts
+    /// empty: refusing to start would take the whole API down for the sake of some counters.
     pub fn open(data_dir: &Path, bans: BanPolicy) -> Result<EmbeddedStore, SnapshotError> {
         let path = data_dir.join(SNAPSHOT_FILE);
+        let err = |source| SnapshotError {
+            path: path.clone(),
+            source,
+        };
         let limiter = Limiter::new();
+        let mut generation = 0;
         match fs::read(&path) {
             Ok(bytes) => match decode(&bytes) {
-                Some(states) => {
+                Some((snapshot_generation, states)) => {
+                    generation = snapshot_generation;
                     log::info!(
                         "gateway: limiter state of {} keys restored from {}",
                         states.len(),
@@ -72,20 +116,44 @@ impl EmbeddedStore {
                         path.display(),
                         aside.display()
                     );
-                    fs::rename(&path, &aside).map_err(|source| SnapshotError {
-                        path: path.clone(),
-                        source,
-                    })?;
+                    fs::rename(&path, &aside).map_err(err)?;
                 }
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(SnapshotError { path, source }),
+            Err(source) => return Err(err(source)),
+        }
+        let journal_path = data_dir.join(JOURNAL_FILE);
+        match fs::read(&journal_path) {
+            Ok(bytes) => {
+                let (journal_generation, changes) = replay(&bytes, generation);
+                if !changes.is_empty() {
+                    log::info!(
+                        "gateway: {} changes replayed from {}",
+                        changes.len(),
+                        journal_path.display()
+                    );
+                }
+                limiter.restore(changes);
+                // The next snapshot's generation is above both files', so no journal left
+                // over from a damaged snapshot can match it.
+                generation = generation.max(journal_generation.unwrap_or(0));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(err(source)),
         }
         Ok(EmbeddedStore {
             limiter,
-            path,
+            dir: data_dir.to_owned(),
             dirty: AtomicBool::new(false),
-            bans: std::sync::Mutex::new(bans),
+            // No journal to append to yet: the first write is a snapshot of what was restored.
+            files: Mutex::new(Files {
+                generation,
+                journal: None,
+                journal_bytes: 0,
+                snapshot_bytes: 0,
+                written: HashMap::default(),
+            }),
+            bans: Mutex::new(bans),
         })
     }
 
@@ -108,80 +176,218 @@ impl EmbeddedStore {
         self.limiter.peek(key, limits, now_ms)
     }
 
-    /// Writes a snapshot if anything changed since the last one.
+    /// Writes the states that changed since the last write, if any: a journal batch, or a new
+    /// snapshot when the journal has grown past one.
     pub fn persist(&self, now_ms: u64) -> Result<(), SnapshotError> {
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
         let bans = *self.bans.lock().unwrap_or_else(|p| p.into_inner());
-        let result = self.write(&encode(&self.limiter.snapshot(&bans, now_ms)));
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        let states = self.limiter.snapshot(&bans, now_ms);
+        let result = self.write(&mut files, &states);
         if result.is_err() {
             self.dirty.store(true, Ordering::Relaxed);
+            // Whatever reached the journal may end in a torn batch: start over with a snapshot.
+            files.journal = None;
         }
         result
     }
 
-    fn write(&self, bytes: &[u8]) -> Result<(), SnapshotError> {
+    fn write(&self, files: &mut Files, states: &[(KeyId, KeyState)]) -> Result<(), SnapshotError> {
+        let changed: Vec<(KeyId, KeyState)> = states
+            .iter()
+            .filter(|(id, state)| files.written.get(id) != Some(&fingerprint(state)))
+            .copied()
+            .collect();
+        let batch = batch(&changed);
+        let compact = files.journal.is_none()
+            || files.journal_bytes + batch.len() as u64
+                > files.snapshot_bytes.max(MIN_COMPACTION_BYTES);
+        if compact {
+            let generation = files.generation + 1;
+            let snapshot = encode(generation, states);
+            self.replace(SNAPSHOT_FILE, &snapshot)?;
+            let header = journal_header(generation);
+            self.replace(JOURNAL_FILE, &header)?;
+            let path = self.dir.join(JOURNAL_FILE);
+            let journal = OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(|source| SnapshotError { path, source })?;
+            *files = Files {
+                generation,
+                journal: Some(journal),
+                journal_bytes: header.len() as u64,
+                snapshot_bytes: snapshot.len() as u64,
+                written: HashMap::default(),
+            };
+        } else if !changed.is_empty() {
+            let path = self.dir.join(JOURNAL_FILE);
+            let journal = files.journal.as_mut().expect("checked above");
+            journal
+                .write_all(&batch)
+                .and_then(|()| journal.sync_data())
+                .map_err(|source| SnapshotError { path, source })?;
+            files.journal_bytes += batch.len() as u64;
+        }
+        // Keys left out as idle are forgotten here too, so the map follows the live keys.
+        files.written = states
+            .iter()
+            .map(|(id, state)| (*id, fingerprint(state)))
+            .collect();
+        Ok(())
+    }
+
+    /// Replaces the file `name` with `bytes`: a temporary file, synced and renamed over it, then
+    /// the directory synced, so a crash leaves the old file or the new one.
+    fn replace(&self, name: &str, bytes: &[u8]) -> Result<(), SnapshotError> {
+        let path = self.dir.join(name);
         let err = |source| SnapshotError {
-            path: self.path.clone(),
+            path: path.clone(),
             source,
         };
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        fs::create_dir_all(dir).map_err(err)?;
-        let tmp = self.path.with_extension("bin.tmp");
+        fs::create_dir_all(&self.dir).map_err(err)?;
+        let tmp = self.dir.join(format!("{name}.tmp"));
         let mut file = File::create(&tmp).map_err(err)?;
         file.write_all(bytes)
             .and_then(|()| file.sync_all())
             .map_err(err)?;
-        fs::rename(&tmp, &self.path).map_err(err)?;
-        File::open(dir).and_then(|d| d.sync_all()).map_err(err)
+        fs::rename(&tmp, &path).map_err(err)?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)
     }
 }
 
-fn encode(states: &[(KeyId, KeyState)]) -> Vec<u8> {
+/// A key's state, reduced to 64 bits: equal states have equal fingerprints.
+fn fingerprint(state: &KeyState) -> u64 {
+    foldhash::fast::FixedState::default().hash_one(state.fields())
+}
+
+/// FNV-1a over `bytes`: enough to tell a batch cut short from a whole one.
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn put_state(out: &mut Vec<u8>, id: KeyId, state: &KeyState) {
+    out.extend_from_slice(&id.0.to_le_bytes());
+    for (field, optional) in state.fields().into_iter().zip(OPTIONAL) {
+        let word = if optional {
+            field.map_or(0, |v| v + 1)
+        } else {
+            field.unwrap_or(0)
+        };
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+}
+
+fn take_state(words: &mut impl Iterator<Item = u64>) -> Option<(KeyId, KeyState)> {
+    let id = KeyId(words.next()?);
+    let mut fields = [None; 8];
+    for (field, optional) in fields.iter_mut().zip(OPTIONAL) {
+        let word = words.next()?;
+        *field = if optional {
+            word.checked_sub(1)
+        } else {
+            Some(word)
+        };
+    }
+    Some((id, KeyState::from_fields(fields)))
+}
+
+fn words(bytes: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+}
+
+fn journal_header(generation: u64) -> Vec<u8> {
+    [JOURNAL_MAGIC, generation]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
+}
+
+/// A journal batch of `states`: a count, the states, a checksum of both.
+fn batch(states: &[(KeyId, KeyState)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + states.len() * WORDS_PER_KEY * 8);
-    let mut put = |word: u64| out.extend_from_slice(&word.to_le_bytes());
-    put(MAGIC);
-    put(states.len() as u64);
-    for (id, s) in states {
-        put(id.0);
-        for (field, optional) in s.fields().into_iter().zip(OPTIONAL) {
-            put(if optional {
-                field.map_or(0, |v| v + 1)
-            } else {
-                field.unwrap_or(0)
-            });
+    out.extend_from_slice(&(states.len() as u64).to_le_bytes());
+    for (id, state) in states {
+        put_state(&mut out, *id, state);
+    }
+    let sum = checksum(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// The journal's generation, and the changes of its whole batches if that generation is
+/// `generation` (none otherwise: the journal belongs to another snapshot).
+fn replay(bytes: &[u8], generation: u64) -> (Option<u64>, Vec<(KeyId, KeyState)>) {
+    let mut header = words(bytes);
+    if header.next() != Some(JOURNAL_MAGIC) {
+        return (None, Vec::new());
+    }
+    let Some(journal_generation) = header.next() else {
+        return (None, Vec::new());
+    };
+    let mut changes = Vec::new();
+    if journal_generation != generation {
+        return (Some(journal_generation), changes);
+    }
+    let mut rest = &bytes[16..];
+    while let Some(count) = words(rest).next() {
+        let Some(len) = usize::try_from(count)
+            .ok()
+            .and_then(|n| n.checked_mul(WORDS_PER_KEY * 8))
+            .and_then(|n| n.checked_add(16))
+            .filter(|&n| n <= rest.len())
+        else {
+            break;
+        };
+        let (body, sum) = rest[..len].split_at(len - 8);
+        if words(sum).next() != Some(checksum(body)) {
+            break;
         }
+        let mut states = words(&body[8..]);
+        changes.extend(std::iter::from_fn(|| take_state(&mut states)));
+        rest = &rest[len..];
+    }
+    (Some(journal_generation), changes)
+}
+
+fn encode(generation: u64, states: &[(KeyId, KeyState)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24 + states.len() * WORDS_PER_KEY * 8);
+    for word in [MAGIC, generation, states.len() as u64] {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    for (id, state) in states {
+        put_state(&mut out, *id, state);
     }
     out
 }
 
-fn decode(bytes: &[u8]) -> Option<Vec<(KeyId, KeyState)>> {
-    let mut words = bytes
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")));
-    if !bytes.len().is_multiple_of(8) || words.next()? != MAGIC {
+/// The snapshot's generation and states.
+fn decode(bytes: &[u8]) -> Option<(u64, Vec<(KeyId, KeyState)>)> {
+    let mut words = words(bytes);
+    if !bytes.len().is_multiple_of(8) {
         return None;
     }
+    let (generation, header) = match words.next()? {
+        MAGIC_V1 => (0, 16),
+        MAGIC => (words.next()?, 24),
+        _ => return None,
+    };
     let count = usize::try_from(words.next()?).ok()?;
-    if bytes.len() != 16 + count.checked_mul(WORDS_PER_KEY * 8)? {
+    if bytes.len() != header + count.checked_mul(WORDS_PER_KEY * 8)? {
         return None;
     }
-    let mut states = Vec::with_capacity(count);
-    for _ in 0..count {
-        let id = KeyId(words.next()?);
-        let mut fields = [None; 8];
-        for (field, optional) in fields.iter_mut().zip(OPTIONAL) {
-            let word = words.next()?;
-            *field = if optional {
-                word.checked_sub(1)
-            } else {
-                Some(word)
-            };
-        }
-        states.push((id, KeyState::from_fields(fields)));
-    }
-    Some(states)
+    let states: Vec<_> = std::iter::from_fn(|| take_state(&mut words))
+        .take(count)
+        .collect();
+    (states.len() == count).then_some((generation, states))
 }
 
 #[cfg(test)]
@@ -267,16 +473,22 @@ mod tests {
             },
         };
         let states = vec![(KeyId(u64::MAX), state), (KeyId(0), KeyState::default())];
-        assert_eq!(decode(&encode(&states)).unwrap(), states);
-        assert!(decode(&encode(&states)[..20]).is_none());
+        assert_eq!(decode(&encode(7, &states)).unwrap(), (7, states.clone()));
+        assert!(decode(&encode(7, &states)[..20]).is_none());
+        let mut journal = journal_header(7);
+        journal.extend(batch(&states[..1]));
+        journal.extend(batch(&states[1..]));
+        assert_eq!(replay(&journal, 7), (Some(7), states));
     }
 
-    /// The file format is pinned: a snapshot written before the state was packed reads the same.
+    /// The first file format, without a generation, still reads: as generation 0, with the
+    /// same records.
     #[test]
     fn a_snapshot_in_the_first_format_reads_back() {
-        let words: [u64; 11] = [MAGIC, 1, 7, T0 + 1, 5, 2, 20_781, 9, 0, T0 - 999 + 1, 1];
+        let words: [u64; 11] = [MAGIC_V1, 1, 7, T0 + 1, 5, 2, 20_781, 9, 0, T0 - 999 + 1, 1];
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let states = decode(&bytes).unwrap();
+        let (generation, states) = decode(&bytes).unwrap();
+        assert_eq!(generation, 0);
         assert_eq!(
             states,
             vec![(
@@ -295,6 +507,143 @@ mod tests {
                 },
             )]
         );
-        assert_eq!(encode(&states), bytes);
+        assert_eq!(encode(0, &states)[24..], bytes[16..]);
+    }
+
+    const WIDE: Limits = Limits {
+        per_minute: 100,
+        per_day: 1000,
+    };
+
+    fn requests(store: &EmbeddedStore, key: u64, n: usize, at: u64) {
+        for _ in 0..n {
+            store.check(KeyId(key), WIDE, &BanPolicy::default(), at);
+        }
+    }
+
+    fn remaining(store: &EmbeddedStore, key: u64) -> u64 {
+        store.peek(KeyId(key), WIDE, T0 + 10).minute.remaining
+    }
+
+    fn file_len(dir: &Path, name: &str) -> u64 {
+        fs::metadata(dir.join(name)).unwrap().len()
+    }
+
+    #[test]
+    fn a_second_writes_only_the_keys_that_changed_and_they_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        for key in 1..=100 {
+            requests(&store, key, 1, T0);
+        }
+        store.persist(T0).unwrap();
+        assert_eq!(file_len(dir.path(), SNAPSHOT_FILE), 24 + 100 * 72);
+        assert_eq!(file_len(dir.path(), JOURNAL_FILE), 16);
+
+        requests(&store, 5, 2, T0 + 1);
+        store.persist(T0 + 1).unwrap();
+        // One batch of one key: its count, its nine words, its checksum.
+        assert_eq!(file_len(dir.path(), JOURNAL_FILE), 16 + 8 + 72 + 8);
+        assert_eq!(file_len(dir.path(), SNAPSHOT_FILE), 24 + 100 * 72);
+        requests(&store, 5, 1, T0 + 2);
+        requests(&store, 6, 1, T0 + 2);
+        store.persist(T0 + 2).unwrap();
+        assert_eq!(file_len(dir.path(), JOURNAL_FILE), 16 + 88 + 8 + 2 * 72 + 8);
+        drop(store);
+
+        let again = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        assert_eq!(remaining(&again, 5), 96);
+        assert_eq!(remaining(&again, 6), 98);
+        assert_eq!(remaining(&again, 7), 99);
+    }
+
+    #[test]
+    fn a_batch_cut_short_by_a_crash_is_where_replay_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        requests(&store, 1, 1, T0);
+        store.persist(T0).unwrap();
+        requests(&store, 1, 1, T0 + 1);
+        store.persist(T0 + 1).unwrap();
+        requests(&store, 1, 1, T0 + 2);
+        store.persist(T0 + 2).unwrap();
+        drop(store);
+        let journal = dir.path().join(JOURNAL_FILE);
+        let whole = fs::read(&journal).unwrap();
+        fs::write(&journal, &whole[..whole.len() - 5]).unwrap();
+        let again = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        assert_eq!(
+            remaining(&again, 1),
+            98,
+            "the second request, not the third"
+        );
+        // A batch of the right length with a damaged word fails its checksum.
+        let mut bad = whole.clone();
+        bad[whole.len() - 20] ^= 1;
+        fs::write(&journal, &bad).unwrap();
+        let again = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        assert_eq!(
+            remaining(&again, 1),
+            98,
+            "the second request, not the damaged third"
+        );
+        // A damaged count word is no better than a short batch.
+        let mut bad = whole.clone();
+        bad[16] ^= 0xff;
+        fs::write(&journal, &bad).unwrap();
+        let again = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        assert_eq!(remaining(&again, 1), 99, "the snapshot's");
+    }
+
+    #[test]
+    fn a_journal_of_an_older_snapshot_is_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        requests(&store, 1, 1, T0);
+        store.persist(T0).unwrap();
+        requests(&store, 1, 1, T0 + 1);
+        store.persist(T0 + 1).unwrap();
+        drop(store);
+        let journal = dir.path().join(JOURNAL_FILE);
+        let old = fs::read(&journal).unwrap();
+
+        // The next process compacts on its first write: key 1 at 3 requests, generation 2.
+        let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        requests(&store, 1, 1, T0 + 2);
+        store.persist(T0 + 2).unwrap();
+        drop(store);
+        // A crash after the new snapshot and before the new journal leaves the old journal,
+        // whose key 1 has 2 requests.
+        fs::write(&journal, &old).unwrap();
+        let again = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        assert_eq!(remaining(&again, 1), 97);
+    }
+
+    #[test]
+    fn a_journal_grown_past_the_snapshot_is_compacted_into_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        // Enough keys that one batch of all of them is over the compaction floor.
+        let keys = MIN_COMPACTION_BYTES / 72 + 1;
+        for key in 1..=keys {
+            requests(&store, key, 1, T0);
+        }
+        store.persist(T0).unwrap();
+        let generation = |dir: &Path| {
+            decode(&fs::read(dir.join(SNAPSHOT_FILE)).unwrap())
+                .unwrap()
+                .0
+        };
+        let first = generation(dir.path());
+        for key in 1..=keys {
+            requests(&store, key, 1, T0 + 1);
+        }
+        store.persist(T0 + 1).unwrap();
+        assert_eq!(generation(dir.path()), first + 1);
+        assert_eq!(file_len(dir.path(), JOURNAL_FILE), 16);
+        drop(store);
+        let again = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        assert_eq!(remaining(&again, 1), 98);
+        assert_eq!(remaining(&again, keys), 98);
     }
 }
