@@ -414,6 +414,15 @@ async fn admin_listener_serves_health_readiness_and_metrics() {
     let admin = |p: &str| format!("http://{}{p}", stack.admin);
     assert_eq!(c.get(admin("/healthz")).send().await.unwrap().status(), 200);
     assert_eq!(c.get(admin("/readyz")).send().await.unwrap().status(), 200);
+    // A response is counted in its logging phase, after the client has it: the last one may
+    // still be on its way into the metrics.
+    let admin_addr = stack.admin;
+    tokio::task::spawn_blocking(move || {
+        let unauthorized = r#"gateway_responses_total{method="GET",outcome="unauthorized",route="/v1/pets",status="401"}"#;
+        wait_metric(admin_addr, unauthorized, Duration::from_secs(5), |v| v >= 1.0);
+    })
+    .await
+    .unwrap();
     let metrics = c
         .get(admin("/metrics"))
         .send()

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{PETS_ROUTE, Stack, client, key_id, metric};
 use serde_json::Value;
 
@@ -34,6 +36,9 @@ async fn metrics_count_known_traffic_exactly_with_bounded_labels() {
         stack.get(&c, "/v1/pets", &one).await;
     }
 
+    // A response is counted in its logging phase, after the client has it: wait for the last.
+    let last = r#"gateway_responses_total{method="GET",outcome="key_banned",route="/v1/pets",status="429"}"#;
+    common::wait_metric(stack.admin, last, Duration::from_secs(5), |v| v >= 2.0);
     let m = |name: &str| metric(stack.admin, name);
     let responses = |labels: &str| m(&format!("gateway_responses_total{{{labels}}}"));
     assert_eq!(
