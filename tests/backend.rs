@@ -277,6 +277,9 @@ async fn list_parameters_are_validated() {
         "status=available",
         "status=pending",
         "status=sold",
+        // Past every id: an empty page, not an error.
+        "cursor=9999999999999999999",
+        "cursor=9975670773026005769&limit=1&status=sold",
     ] {
         let r = c
             .get(b.url(&format!("/v1/pets?{query}")))
