@@ -557,61 +557,57 @@ mod tests {
         assert_eq!(remaining(&again, 7), 99);
     }
 
+    /// A process over `dir` that counts one request of key 1 and writes, in each of `seconds`.
+    fn one_request_a_second(dir: &Path, seconds: std::ops::Range<u64>) {
+        let store = EmbeddedStore::open(dir, BanPolicy::default()).unwrap();
+        for second in seconds {
+            requests(&store, 1, 1, T0 + second);
+            store.persist(T0 + second).unwrap();
+        }
+    }
+
     #[test]
     fn a_batch_cut_short_by_a_crash_is_where_replay_stops() {
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
-        requests(&store, 1, 1, T0);
-        store.persist(T0).unwrap();
-        requests(&store, 1, 1, T0 + 1);
-        store.persist(T0 + 1).unwrap();
-        requests(&store, 1, 1, T0 + 2);
-        store.persist(T0 + 2).unwrap();
-        drop(store);
+        one_request_a_second(dir.path(), 0..3);
         let journal = dir.path().join(JOURNAL_FILE);
         let whole = fs::read(&journal).unwrap();
-        fs::write(&journal, &whole[..whole.len() - 5]).unwrap();
-        let again = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
+        // Key 1's remaining requests after a restart over `bytes` as the journal.
+        let replayed = |bytes: &[u8]| {
+            fs::write(&journal, bytes).unwrap();
+            remaining(
+                &EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap(),
+                1,
+            )
+        };
         assert_eq!(
-            remaining(&again, 1),
+            replayed(&whole[..whole.len() - 5]),
             98,
             "the second request, not the third"
         );
         // A batch of the right length with a damaged word fails its checksum.
         let mut bad = whole.clone();
         bad[whole.len() - 20] ^= 1;
-        fs::write(&journal, &bad).unwrap();
-        let again = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
         assert_eq!(
-            remaining(&again, 1),
+            replayed(&bad),
             98,
             "the second request, not the damaged third"
         );
         // A damaged count word is no better than a short batch.
         let mut bad = whole.clone();
         bad[16] ^= 0xff;
-        fs::write(&journal, &bad).unwrap();
-        let again = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
-        assert_eq!(remaining(&again, 1), 99, "the snapshot's");
+        assert_eq!(replayed(&bad), 99, "the snapshot's");
     }
 
     #[test]
     fn a_journal_of_an_older_snapshot_is_not_replayed() {
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
-        requests(&store, 1, 1, T0);
-        store.persist(T0).unwrap();
-        requests(&store, 1, 1, T0 + 1);
-        store.persist(T0 + 1).unwrap();
-        drop(store);
+        one_request_a_second(dir.path(), 0..2);
         let journal = dir.path().join(JOURNAL_FILE);
         let old = fs::read(&journal).unwrap();
 
         // The next process compacts on its first write: key 1 at 3 requests, generation 2.
-        let store = EmbeddedStore::open(dir.path(), BanPolicy::default()).unwrap();
-        requests(&store, 1, 1, T0 + 2);
-        store.persist(T0 + 2).unwrap();
-        drop(store);
+        one_request_a_second(dir.path(), 2..3);
         // A crash after the new snapshot and before the new journal leaves the old journal,
         // whose key 1 has 2 requests.
         fs::write(&journal, &old).unwrap();
