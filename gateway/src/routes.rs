@@ -188,19 +188,6 @@ impl Upstream {
     }
 }
 
-impl PartialEq for Upstream {
-    /// Same address, or the very same pool.
-    fn eq(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Upstream::One(a), Upstream::One(b)) => a == b,
-            (Upstream::Pool(a), Upstream::Pool(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        }
-    }
-}
-
-impl Eq for Upstream {}
-
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.instances()).finish()
@@ -215,20 +202,6 @@ pub struct UpstreamTls {
     /// The CA certificates to verify it with; `None`: the system's roots.
     pub ca: Option<Arc<pingora::protocols::tls::CaType>>,
 }
-
-impl PartialEq for UpstreamTls {
-    /// Same name, and the very same CA list (CA certificates are compared by identity).
-    fn eq(&self, other: &Self) -> bool {
-        let same_ca = match (&self.ca, &other.ca) {
-            (None, None) => true,
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        };
-        self.sni == other.sni && same_ca
-    }
-}
-
-impl Eq for UpstreamTls {}
 
 impl std::fmt::Debug for UpstreamTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
