@@ -195,15 +195,16 @@ impl EmbeddedStore {
     }
 
     fn write(&self, files: &mut Files, states: &[(KeyId, KeyState)]) -> Result<(), SnapshotError> {
+        let prints: Vec<u64> = states.iter().map(|(_, state)| fingerprint(state)).collect();
         let changed: Vec<(KeyId, KeyState)> = states
             .iter()
-            .filter(|(id, state)| files.written.get(id) != Some(&fingerprint(state)))
-            .copied()
+            .zip(&prints)
+            .filter(|((id, _), print)| files.written.get(id) != Some(print))
+            .map(|(state, _)| *state)
             .collect();
-        let batch = batch(&changed);
+        let batch_bytes = batch_len(changed.len());
         let compact = files.journal.is_none()
-            || files.journal_bytes + batch.len() as u64
-                > files.snapshot_bytes.max(MIN_COMPACTION_BYTES);
+            || files.journal_bytes + batch_bytes > files.snapshot_bytes.max(MIN_COMPACTION_BYTES);
         if compact {
             let generation = files.generation + 1;
             let snapshot = encode(generation, states);
@@ -215,26 +216,24 @@ impl EmbeddedStore {
                 .append(true)
                 .open(&path)
                 .map_err(|source| SnapshotError { path, source })?;
-            *files = Files {
-                generation,
-                journal: Some(journal),
-                journal_bytes: header.len() as u64,
-                snapshot_bytes: snapshot.len() as u64,
-                written: HashMap::default(),
-            };
+            files.generation = generation;
+            files.journal = Some(journal);
+            files.journal_bytes = header.len() as u64;
+            files.snapshot_bytes = snapshot.len() as u64;
         } else if !changed.is_empty() {
             let path = self.dir.join(JOURNAL_FILE);
             let journal = files.journal.as_mut().expect("checked above");
             journal
-                .write_all(&batch)
+                .write_all(&batch(&changed))
                 .and_then(|()| journal.sync_data())
                 .map_err(|source| SnapshotError { path, source })?;
-            files.journal_bytes += batch.len() as u64;
+            files.journal_bytes += batch_bytes;
         }
         // Keys left out as idle are forgotten here too, so the map follows the live keys.
         files.written = states
             .iter()
-            .map(|(id, state)| (*id, fingerprint(state)))
+            .zip(prints)
+            .map(|((id, _), p)| (*id, p))
             .collect();
         Ok(())
     }
@@ -309,6 +308,11 @@ fn journal_header(generation: u64) -> Vec<u8> {
         .iter()
         .flat_map(|w| w.to_le_bytes())
         .collect()
+}
+
+/// The length of a journal batch of `keys` states.
+fn batch_len(keys: usize) -> u64 {
+    (16 + keys * WORDS_PER_KEY * 8) as u64
 }
 
 /// A journal batch of `states`: a count, the states, a checksum of both.
@@ -478,6 +482,7 @@ mod tests {
         let mut journal = journal_header(7);
         journal.extend(batch(&states[..1]));
         journal.extend(batch(&states[1..]));
+        assert_eq!(batch(&states).len() as u64, batch_len(states.len()));
         assert_eq!(replay(&journal, 7), (Some(7), states));
     }
 
