@@ -1,6 +1,7 @@
 //! Microbenchmarks of the gateway's per-request work (`cargo bench -p animal-store-gateway`):
 //! the key lookup, the limiter's decision with 1 and 1,000,000 active keys, and rendering the
 //! rate-limit headers; and, printed before them, the memory each active key costs the limiter.
+//! Also the embedded store's once-a-second pass that takes what changed, at 1,000,000 keys.
 
 use std::hint::black_box;
 
@@ -9,7 +10,7 @@ use animal_store_gateway::headers::{self, RateHeaders};
 use animal_store_gateway::keys::{KeyId, KeyRecord, KeySet, generate, hash_key};
 use animal_store_gateway::limits::Limiter;
 use animal_store_gateway::plans::{Limits, Plans};
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use pingora::http::ResponseHeader;
 
 const LIMITS: Limits = Limits {
@@ -96,6 +97,30 @@ fn limiter(c: &mut Criterion) {
             ))
         })
     });
+
+    // What the embedded store does once a second: one pass over every key, copying the
+    // changed ones out for the journal.
+    let mut group = c.benchmark_group("limiter changes");
+    group.sample_size(20);
+    group.bench_function("10k of 1M active keys changed", |b| {
+        let mut k = 0u64;
+        b.iter_batched(
+            || {
+                for _ in 0..10_000 {
+                    k = (k + 7919) % MANY;
+                    many.check(
+                        KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                        LIMITS,
+                        &bans,
+                        T0 + 1,
+                    );
+                }
+            },
+            |()| black_box(many.changes(&bans, T0 + 1)),
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
 }
 
 fn headers(c: &mut Criterion) {

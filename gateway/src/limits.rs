@@ -286,7 +286,55 @@ pub fn banned(limits: Limits, until_ms: u64) -> Decision {
 pub struct Limiter {
     /// Key ids are random, and only valid keys get here: a fast hash is safe and saves the
     /// std hasher's 20 ns per decision.
-    states: DashMap<KeyId, KeyState, foldhash::fast::RandomState>,
+    states: DashMap<KeyId, Slot, foldhash::fast::RandomState>,
+}
+
+/// How [`Limiter`] keeps a key's state: the fields of [`KeyState`] side by side, so that the
+/// mark of a change not yet taken by [`Limiter::changes`] fits in the same 48 bytes (a nested
+/// [`BanState`] would keep its padding to itself).
+#[derive(Debug, Default, Clone, Copy)]
+struct Slot {
+    minute_start_ms: Option<NonZeroU64>,
+    day_count: u64,
+    ban_until_ms: u64,
+    ban_last_start_ms: Option<NonZeroU64>,
+    minute_count: u32,
+    day: u32,
+    refused_in_window: u32,
+    ban_level: u8,
+    /// Changed since [`Limiter::changes`] or [`Limiter::snapshot`] last took it.
+    changed: bool,
+}
+
+impl Slot {
+    fn new(state: KeyState, changed: bool) -> Slot {
+        Slot {
+            minute_start_ms: state.minute_start_ms,
+            day_count: state.day_count,
+            ban_until_ms: state.ban.until_ms,
+            ban_last_start_ms: state.ban.last_start_ms,
+            minute_count: state.minute_count,
+            day: state.day,
+            refused_in_window: state.ban.refused_in_window,
+            ban_level: state.ban.level,
+            changed,
+        }
+    }
+
+    fn state(&self) -> KeyState {
+        KeyState {
+            minute_start_ms: self.minute_start_ms,
+            day_count: self.day_count,
+            minute_count: self.minute_count,
+            day: self.day,
+            ban: BanState {
+                until_ms: self.ban_until_ms,
+                last_start_ms: self.ban_last_start_ms,
+                refused_in_window: self.refused_in_window,
+                level: self.ban_level,
+            },
+        }
+    }
 }
 
 impl Limiter {
@@ -297,31 +345,63 @@ impl Limiter {
 
     /// Checks and, if admitted, counts one request of `key` at `now_ms` (Unix milliseconds).
     pub fn check(&self, key: KeyId, limits: Limits, bans: &BanPolicy, now_ms: u64) -> Decision {
-        self.states
-            .entry(key)
-            .or_default()
-            .check(limits, bans, now_ms)
+        let mut slot = self.states.entry(key).or_default();
+        let mut state = slot.state();
+        let decision = state.check(limits, bans, now_ms);
+        // A banned key's refusals change nothing, and leave nothing to write.
+        if decision.verdict != Verdict::Banned || decision.ban_imposed {
+            *slot = Slot::new(state, true);
+        }
+        decision
     }
 
     /// Where `key` stands at `now_ms`, counting nothing.
     pub fn peek(&self, key: KeyId, limits: Limits, now_ms: u64) -> Standing {
         self.states
             .get(&key)
-            .map_or_else(KeyState::default, |s| *s)
+            .map_or_else(KeyState::default, |s| s.state())
             .peek(limits, now_ms)
     }
 
-    /// Every key's state that still matters at `now_ms` under `bans`; idle state is forgotten
-    /// on the way.
-    pub fn snapshot(&self, bans: &BanPolicy, now_ms: u64) -> Vec<(KeyId, KeyState)> {
-        self.states.retain(|_, state| !state.is_idle(bans, now_ms));
-        self.states.iter().map(|e| (*e.key(), *e.value())).collect()
+    /// The states that changed since the last call (or [`Limiter::snapshot`]), which no longer
+    /// count as changed; idle state is forgotten on the way. One pass over the keys, copying
+    /// only the changed ones.
+    pub fn changes(&self, bans: &BanPolicy, now_ms: u64) -> Vec<(KeyId, KeyState)> {
+        let mut changed = Vec::new();
+        self.states.retain(|id, slot| {
+            let state = slot.state();
+            if state.is_idle(bans, now_ms) {
+                return false;
+            }
+            if slot.changed {
+                slot.changed = false;
+                changed.push((*id, state));
+            }
+            true
+        });
+        changed
     }
 
-    /// Puts back the states of a snapshot.
+    /// Every key's state that still matters at `now_ms` under `bans`, none of which counts as
+    /// changed any more; idle state is forgotten on the way.
+    pub fn snapshot(&self, bans: &BanPolicy, now_ms: u64) -> Vec<(KeyId, KeyState)> {
+        let mut states = Vec::with_capacity(self.states.len());
+        self.states.retain(|id, slot| {
+            let state = slot.state();
+            if state.is_idle(bans, now_ms) {
+                return false;
+            }
+            slot.changed = false;
+            states.push((*id, state));
+            true
+        });
+        states
+    }
+
+    /// Puts back the states of a snapshot, as unchanged.
     pub fn restore(&self, states: impl IntoIterator<Item = (KeyId, KeyState)>) {
         for (key, state) in states {
-            self.states.insert(key, state);
+            self.states.insert(key, Slot::new(state, false));
         }
     }
 
@@ -337,10 +417,12 @@ mod tests {
     use proptest::prelude::*;
     use std::sync::Arc;
 
-    /// A million active keys fit in about 115 MB only while the state stays this small.
+    /// A million active keys fit in about 115 MB only while the state, and the slot that also
+    /// marks it changed, stay this small.
     #[test]
-    fn a_key_state_is_48_bytes() {
+    fn a_key_state_and_its_slot_are_48_bytes() {
         assert_eq!(std::mem::size_of::<KeyState>(), 48);
+        assert_eq!(std::mem::size_of::<Slot>(), 48);
     }
 
     const FREE: Limits = Limits {
@@ -539,6 +621,41 @@ mod tests {
         let later = l.peek(K, limits, T0 + 7 + 15 * MINUTE_MS);
         assert_eq!((later.banned_until_ms, later.minute.remaining), (None, 2));
         assert_eq!(later.day.remaining, 98);
+    }
+
+    #[test]
+    fn changes_are_taken_once_and_a_banned_key_refused_is_no_change() {
+        let l = Limiter::default();
+        let bans = BanPolicy::default();
+        let limits = Limits {
+            per_minute: 1,
+            per_day: 100,
+        };
+        l.check(K, limits, &bans, T0);
+        l.check(KeyId(8), limits, &bans, T0);
+        let mut taken = l.changes(&bans, T0);
+        taken.sort_by_key(|(id, _)| id.0);
+        assert_eq!(taken.iter().map(|(id, _)| id.0).collect::<Vec<_>>(), [7, 8]);
+        assert_eq!(taken[0].1.minute_count, 1);
+        assert!(l.changes(&bans, T0).is_empty(), "taken once");
+
+        // Refusals count towards the ban until it starts; while it lasts, nothing changes.
+        for _ in 0..11 {
+            l.check(K, limits, &bans, T0 + 1);
+        }
+        let banned = l.changes(&bans, T0 + 1);
+        assert_eq!(banned.len(), 1);
+        assert_eq!(banned[0].1.ban.until_ms, T0 + 1 + 15 * MINUTE_MS);
+        l.check(K, limits, &bans, T0 + 2);
+        assert!(l.changes(&bans, T0 + 2).is_empty());
+
+        // A snapshot takes every live state and leaves nothing changed; idle keys are dropped.
+        l.check(KeyId(8), limits, &bans, T0 + 3);
+        let day_later = T0 + 2 * DAY_MS;
+        let all = l.snapshot(&bans, T0 + 3);
+        assert_eq!(all.len(), 2);
+        assert!(l.changes(&bans, T0 + 3).is_empty());
+        assert!(l.snapshot(&bans, day_later).is_empty(), "both idle by then");
     }
 
     proptest! {

@@ -21,9 +21,7 @@
 //! generation and reads as generation 0. `limits.journal`: a magic word, the generation, then
 //! batches: a count, nine words per key as in the snapshot, and the batch's FNV-1a checksum.
 
-use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::hash::BuildHasher;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -71,9 +69,6 @@ struct Files {
     journal_bytes: u64,
     /// Bytes in the snapshot.
     snapshot_bytes: u64,
-    /// A fingerprint of each key's state as last written: a key whose state has the same one
-    /// is not written again.
-    written: HashMap<KeyId, u64, foldhash::fast::FixedState>,
 }
 
 /// Limits in memory, persisted to the data directory.
@@ -151,7 +146,6 @@ impl EmbeddedStore {
                 journal: None,
                 journal_bytes: 0,
                 snapshot_bytes: 0,
-                written: HashMap::default(),
             }),
             bans: Mutex::new(bans),
         })
@@ -184,30 +178,24 @@ impl EmbeddedStore {
         }
         let bans = *self.bans.lock().unwrap_or_else(|p| p.into_inner());
         let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
-        let states = self.limiter.snapshot(&bans, now_ms);
-        let result = self.write(&mut files, &states);
+        let result = self.write(&mut files, &bans, now_ms);
         if result.is_err() {
+            // The changes taken are written by no batch: the next write is a whole snapshot,
+            // which also starts over from whatever torn batch reached the journal.
             self.dirty.store(true, Ordering::Relaxed);
-            // Whatever reached the journal may end in a torn batch: start over with a snapshot.
             files.journal = None;
         }
         result
     }
 
-    fn write(&self, files: &mut Files, states: &[(KeyId, KeyState)]) -> Result<(), SnapshotError> {
-        let prints: Vec<u64> = states.iter().map(|(_, state)| fingerprint(state)).collect();
-        let changed: Vec<(KeyId, KeyState)> = states
-            .iter()
-            .zip(&prints)
-            .filter(|((id, _), print)| files.written.get(id) != Some(print))
-            .map(|(state, _)| *state)
-            .collect();
+    fn write(&self, files: &mut Files, bans: &BanPolicy, now_ms: u64) -> Result<(), SnapshotError> {
+        let changed = self.limiter.changes(bans, now_ms);
         let batch_bytes = batch_len(changed.len());
         let compact = files.journal.is_none()
             || files.journal_bytes + batch_bytes > files.snapshot_bytes.max(MIN_COMPACTION_BYTES);
         if compact {
             let generation = files.generation + 1;
-            let snapshot = encode(generation, states);
+            let snapshot = encode(generation, &self.limiter.snapshot(bans, now_ms));
             self.replace(SNAPSHOT_FILE, &snapshot)?;
             let header = journal_header(generation);
             self.replace(JOURNAL_FILE, &header)?;
@@ -229,12 +217,6 @@ impl EmbeddedStore {
                 .map_err(|source| SnapshotError { path, source })?;
             files.journal_bytes += batch_bytes;
         }
-        // Keys left out as idle are forgotten here too, so the map follows the live keys.
-        files.written = states
-            .iter()
-            .zip(prints)
-            .map(|((id, _), p)| (*id, p))
-            .collect();
         Ok(())
     }
 
@@ -257,11 +239,6 @@ impl EmbeddedStore {
             .and_then(|d| d.sync_all())
             .map_err(err)
     }
-}
-
-/// A key's state, reduced to 64 bits: equal states have equal fingerprints.
-fn fingerprint(state: &KeyState) -> u64 {
-    foldhash::fast::FixedState::default().hash_one(state.fields())
 }
 
 /// FNV-1a over `bytes`: enough to tell a batch cut short from a whole one.
@@ -560,6 +537,22 @@ mod tests {
         assert_eq!(remaining(&again, 5), 96);
         assert_eq!(remaining(&again, 6), 98);
         assert_eq!(remaining(&again, 7), 99);
+    }
+
+    #[test]
+    fn changes_taken_by_a_failed_write_are_written_by_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let store = EmbeddedStore::open(&data, BanPolicy::default()).unwrap();
+        requests(&store, 1, 3, T0);
+        // A file where the data directory should be: the write fails.
+        fs::write(&data, b"in the way").unwrap();
+        assert!(store.persist(T0).is_err());
+        fs::remove_file(&data).unwrap();
+        store.persist(T0 + 1).unwrap();
+        drop(store);
+        let again = EmbeddedStore::open(&data, BanPolicy::default()).unwrap();
+        assert_eq!(remaining(&again, 1), 97);
     }
 
     /// A process over `dir` that counts one request of key 1 and writes, in each of `seconds`.
