@@ -1,7 +1,9 @@
 //! Microbenchmarks of the gateway's per-request work (`cargo bench -p animal-store-gateway`):
 //! the key lookup, the limiter's decision with 1 and 1,000,000 active keys, and rendering the
 //! rate-limit headers; and, printed before them, the memory each active key costs the limiter.
-//! Also the embedded store's once-a-second pass that takes what changed, at 1,000,000 keys.
+//! Also the embedded store's once-a-second write at 1,000,000 keys: the pass that takes what
+//! changed, and the whole write with the journal's fsync (under `CARGO_TARGET_TMPDIR`, on the
+//! disk the build is on).
 
 use std::hint::black_box;
 
@@ -10,6 +12,7 @@ use animal_store_gateway::headers::{self, RateHeaders};
 use animal_store_gateway::keys::{KeyId, KeyRecord, KeySet, generate, hash_key};
 use animal_store_gateway::limits::Limiter;
 use animal_store_gateway::plans::{Limits, Plans};
+use animal_store_gateway::store::embedded::EmbeddedStore;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use pingora::http::ResponseHeader;
 
@@ -117,6 +120,42 @@ fn limiter(c: &mut Criterion) {
                 }
             },
             |()| black_box(many.changes(&bans, T0 + 1)),
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+    drop(many);
+
+    // The whole write: the pass, the journal batch and its fsync; about one write in a hundred
+    // compacts the journal into a new snapshot, and is counted in the mean.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temporary directory");
+    let store = EmbeddedStore::open(dir.path(), bans).expect("an empty store");
+    for k in 0..MANY {
+        store.check(
+            KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            LIMITS,
+            &bans,
+            T0,
+        );
+    }
+    store.persist(T0).expect("the first snapshot");
+    let mut group = c.benchmark_group("embedded store write");
+    group.sample_size(20);
+    group.bench_function("10k of 1M active keys changed", |b| {
+        let mut k = 0u64;
+        b.iter_batched(
+            || {
+                for _ in 0..10_000 {
+                    k = (k + 7919) % MANY;
+                    store.check(
+                        KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                        LIMITS,
+                        &bans,
+                        T0 + 1,
+                    );
+                }
+            },
+            |()| store.persist(T0 + 1).expect("a journal batch"),
             BatchSize::PerIteration,
         )
     });
