@@ -61,6 +61,17 @@ fn key_lookup(c: &mut Criterion) {
     );
 }
 
+/// The `k`-th of the many keys, its id spread like the random ids of real keys.
+fn spread(k: u64) -> KeyId {
+    KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// The next of the many keys after the `k`-th, striding through all of them.
+fn next(k: &mut u64) -> KeyId {
+    *k = (*k + 7919) % MANY;
+    spread(*k)
+}
+
 fn limiter(c: &mut Criterion) {
     let bans = BanPolicy::default();
     let one = Limiter::new();
@@ -75,12 +86,7 @@ fn limiter(c: &mut Criterion) {
     let before = resident_bytes();
     let many = Limiter::new();
     for k in 0..MANY {
-        many.check(
-            KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-            LIMITS,
-            &bans,
-            T0,
-        );
+        many.check(spread(k), LIMITS, &bans, T0);
     }
     let per_key = (resident_bytes().saturating_sub(before)) as f64 / MANY as f64;
     println!(
@@ -90,14 +96,8 @@ fn limiter(c: &mut Criterion) {
         let mut k = 0u64;
         let mut now = T0;
         b.iter(|| {
-            k = (k + 7919) % MANY;
             now += 1;
-            black_box(many.check(
-                KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-                LIMITS,
-                &bans,
-                now,
-            ))
+            black_box(many.check(next(&mut k), LIMITS, &bans, now))
         })
     });
 
@@ -110,13 +110,7 @@ fn limiter(c: &mut Criterion) {
         b.iter_batched(
             || {
                 for _ in 0..10_000 {
-                    k = (k + 7919) % MANY;
-                    many.check(
-                        KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-                        LIMITS,
-                        &bans,
-                        T0 + 1,
-                    );
+                    many.check(next(&mut k), LIMITS, &bans, T0 + 1);
                 }
             },
             |()| black_box(many.changes(&bans, T0 + 1)),
@@ -131,12 +125,7 @@ fn limiter(c: &mut Criterion) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temporary directory");
     let store = EmbeddedStore::open(dir.path(), bans).expect("an empty store");
     for k in 0..MANY {
-        store.check(
-            KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-            LIMITS,
-            &bans,
-            T0,
-        );
+        store.check(spread(k), LIMITS, &bans, T0);
     }
     store.persist(T0).expect("the first snapshot");
     let mut group = c.benchmark_group("embedded store write");
@@ -146,13 +135,7 @@ fn limiter(c: &mut Criterion) {
         b.iter_batched(
             || {
                 for _ in 0..10_000 {
-                    k = (k + 7919) % MANY;
-                    store.check(
-                        KeyId(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-                        LIMITS,
-                        &bans,
-                        T0 + 1,
-                    );
+                    store.check(next(&mut k), LIMITS, &bans, T0 + 1);
                 }
             },
             |()| store.persist(T0 + 1).expect("a journal batch"),

@@ -38,8 +38,6 @@ pub struct BanState {
     pub until_ms: u64,
     /// When the last ban started, if there was one.
     pub last_start_ms: Option<NonZeroU64>,
-    /// Requests refused in the current minute window (saturating).
-    pub refused_in_window: u32,
     /// Doublings of the last ban (0 for a first ban; a ban stops growing at `max` long before
     /// 255 doublings).
     pub level: u8,

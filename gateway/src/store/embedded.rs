@@ -376,7 +376,6 @@ mod tests {
     use std::num::NonZeroU64;
 
     use super::*;
-    use crate::bans::BanState;
     use crate::limits::Verdict;
 
     const T0: u64 = 1_795_341_600_000;
@@ -446,12 +445,11 @@ mod tests {
             minute_count: u32::MAX,
             day: 20_000,
             day_count: 1 << 40,
-            ban: BanState {
-                refused_in_window: 4,
-                until_ms: 9,
-                last_start_ms: None,
-                level: 3,
-            },
+            refused_in_window: 4,
+            ban_until_ms: 9,
+            ban_last_start_ms: None,
+            ban_level: 3,
+            ..KeyState::default()
         };
         let states = vec![(KeyId(u64::MAX), state), (KeyId(0), KeyState::default())];
         assert_eq!(decode(&encode(7, &states)).unwrap(), (7, states.clone()));
@@ -480,12 +478,11 @@ mod tests {
                     minute_count: 5,
                     day: 20_781,
                     day_count: 9,
-                    ban: BanState {
-                        refused_in_window: 2,
-                        until_ms: 0,
-                        last_start_ms: NonZeroU64::new(T0 - 999),
-                        level: 1,
-                    },
+                    refused_in_window: 2,
+                    ban_until_ms: 0,
+                    ban_last_start_ms: NonZeroU64::new(T0 - 999),
+                    ban_level: 1,
+                    ..KeyState::default()
                 },
             )]
         );
