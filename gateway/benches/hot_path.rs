@@ -105,21 +105,16 @@ fn limiter(c: &mut Criterion) {
 
     // What the embedded store does once a second: one pass over every key, copying the
     // changed ones out for the journal.
-    let mut group = c.benchmark_group("limiter changes");
-    group.sample_size(20);
-    group.bench_function("10k of 1M active keys changed", |b| {
-        let mut k = 0u64;
-        b.iter_batched(
-            || {
-                for _ in 0..10_000 {
-                    many.check(next(&mut k), LIMITS, &bans, T0 + 1);
-                }
-            },
-            |()| black_box(many.changes(&bans, T0 + 1)),
-            BatchSize::PerIteration,
-        )
-    });
-    group.finish();
+    ten_thousand_changed(
+        c,
+        "limiter changes",
+        |key| {
+            many.check(key, LIMITS, &bans, T0 + 1);
+        },
+        || {
+            black_box(many.changes(&bans, T0 + 1));
+        },
+    );
     drop(many);
 
     // The whole write: the pass, the journal batch and its fsync; about one write in a hundred
@@ -130,17 +125,33 @@ fn limiter(c: &mut Criterion) {
         store.check(spread(k), LIMITS, &bans, T0);
     }
     store.persist(T0).expect("the first snapshot");
-    let mut group = c.benchmark_group("embedded store write");
+    ten_thousand_changed(
+        c,
+        "embedded store write",
+        |key| {
+            store.check(key, LIMITS, &bans, T0 + 1);
+        },
+        || {
+            store.persist(T0 + 1).expect("a journal batch");
+        },
+    );
+}
+
+/// Benchmarks `write` (group `name`) after each batch of 10,000 of the many keys has been
+/// `count`ed, striding through all of them.
+fn ten_thousand_changed(
+    c: &mut Criterion,
+    name: &str,
+    count: impl Fn(KeyId),
+    mut write: impl FnMut(),
+) {
+    let mut group = c.benchmark_group(name);
     group.sample_size(20);
     group.bench_function("10k of 1M active keys changed", |b| {
         let mut k = 0u64;
         b.iter_batched(
-            || {
-                for _ in 0..10_000 {
-                    store.check(next(&mut k), LIMITS, &bans, T0 + 1);
-                }
-            },
-            |()| store.persist(T0 + 1).expect("a journal batch"),
+            || (0..10_000).for_each(|_| count(next(&mut k))),
+            |()| write(),
             BatchSize::PerIteration,
         )
     });

@@ -310,9 +310,11 @@ pub fn banned(limits: Limits, until_ms: u64) -> Decision {
     }
 }
 
-/// Every key's state in this process's memory, one lock per key. Memory grows only with valid
-/// keys: a request reaches the limiter only after its key was found in the key store. The ban
-/// rules come with each call, from the request's configuration, so a reload changes them.
+/// Every key's state in this process's memory, each decision under the lock of its key's shard
+/// of the map (`SHARDS` of them), so no two decisions of one key interleave. Memory grows only
+/// with valid keys: a request reaches the limiter only after its key was found in the key store.
+/// The ban rules come with each call, from the request's configuration, so a reload changes
+/// them.
 #[derive(Debug)]
 pub struct Limiter {
     /// Key ids are random, and only valid keys get here: a fast hash is safe and saves the

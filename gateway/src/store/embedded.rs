@@ -1,5 +1,5 @@
-//! The embedded limit store: state in this process's memory, decided under one lock per key,
-//! and persisted to the data directory, never on the request path.
+//! The embedded limit store: state in this process's memory, each decision made under the lock
+//! of its key's shard of the map, and persisted to the data directory, never on the request path.
 //!
 //! Once a second, when anything changed, a background task appends the states of the keys that
 //! changed since the last write to a journal (`limits.journal`) and syncs it; the gateway
