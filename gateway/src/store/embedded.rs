@@ -189,34 +189,54 @@ impl EmbeddedStore {
     }
 
     fn write(&self, files: &mut Files, bans: &BanPolicy, now_ms: u64) -> Result<(), SnapshotError> {
-        let changed = self.limiter.changes(bans, now_ms);
-        let batch_bytes = batch_len(changed.len());
-        let compact = files.journal.is_none()
-            || files.journal_bytes + batch_bytes > files.snapshot_bytes.max(MIN_COMPACTION_BYTES);
-        if compact {
-            let generation = files.generation + 1;
-            let snapshot = encode(generation, &self.limiter.snapshot(bans, now_ms));
-            self.replace(SNAPSHOT_FILE, &snapshot)?;
-            let header = journal_header(generation);
-            self.replace(JOURNAL_FILE, &header)?;
-            let path = self.dir.join(JOURNAL_FILE);
-            let journal = OpenOptions::new()
-                .append(true)
-                .open(&path)
-                .map_err(|source| SnapshotError { path, source })?;
-            files.generation = generation;
-            files.journal = Some(journal);
-            files.journal_bytes = header.len() as u64;
-            files.snapshot_bytes = snapshot.len() as u64;
-        } else if !changed.is_empty() {
-            let path = self.dir.join(JOURNAL_FILE);
-            let journal = files.journal.as_mut().expect("checked above");
-            journal
-                .write_all(&batch(&changed))
-                .and_then(|()| journal.sync_data())
-                .map_err(|source| SnapshotError { path, source })?;
-            files.journal_bytes += batch_bytes;
+        // A journal batch of the changes, unless there is no journal to append to or the batch
+        // would outgrow the snapshot: then the changes are dropped before the snapshot is
+        // taken, which holds them too, so the two never take memory at once.
+        let limit = files.snapshot_bytes.max(MIN_COMPACTION_BYTES);
+        let appendable = files
+            .journal
+            .is_some()
+            .then(|| self.limiter.changes(bans, now_ms))
+            .filter(|changed| files.journal_bytes + batch_len(changed.len()) <= limit);
+        match (appendable, files.journal.as_mut()) {
+            (Some(changed), Some(journal)) => {
+                if !changed.is_empty() {
+                    let path = self.dir.join(JOURNAL_FILE);
+                    journal
+                        .write_all(&batch(&changed))
+                        .and_then(|()| journal.sync_data())
+                        .map_err(|source| SnapshotError { path, source })?;
+                    files.journal_bytes += batch_len(changed.len());
+                }
+            }
+            _ => self.compact(files, bans, now_ms)?,
         }
+        Ok(())
+    }
+
+    /// Writes every live state as a new snapshot and starts its journal.
+    fn compact(
+        &self,
+        files: &mut Files,
+        bans: &BanPolicy,
+        now_ms: u64,
+    ) -> Result<(), SnapshotError> {
+        let generation = files.generation + 1;
+        let snapshot = encode(generation, self.limiter.len(), |put| {
+            self.limiter.snapshot(bans, now_ms, put)
+        });
+        self.replace(SNAPSHOT_FILE, &snapshot)?;
+        let header = journal_header(generation);
+        self.replace(JOURNAL_FILE, &header)?;
+        let path = self.dir.join(JOURNAL_FILE);
+        let journal = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|source| SnapshotError { path, source })?;
+        files.generation = generation;
+        files.journal = Some(journal);
+        files.journal_bytes = header.len() as u64;
+        files.snapshot_bytes = snapshot.len() as u64;
         Ok(())
     }
 
@@ -339,14 +359,23 @@ fn replay(bytes: &[u8], generation: u64) -> (Option<u64>, Vec<(KeyId, KeyState)>
     (Some(journal_generation), changes)
 }
 
-fn encode(generation: u64, states: &[(KeyId, KeyState)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(24 + states.len() * WORDS_PER_KEY * 8);
-    for word in [MAGIC, generation, states.len() as u64] {
+/// A snapshot of generation `generation` of the states `states` hands to its argument, about
+/// `keys` of them; the count is filled in once they are all written.
+fn encode(
+    generation: u64,
+    keys: usize,
+    states: impl FnOnce(&mut dyn FnMut(KeyId, &KeyState)),
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24 + keys * WORDS_PER_KEY * 8);
+    for word in [MAGIC, generation, 0] {
         out.extend_from_slice(&word.to_le_bytes());
     }
-    for (id, state) in states {
-        put_state(&mut out, *id, state);
-    }
+    let mut count = 0u64;
+    states(&mut |id, state| {
+        put_state(&mut out, id, state);
+        count += 1;
+    });
+    out[16..24].copy_from_slice(&count.to_le_bytes());
     out
 }
 
@@ -409,11 +438,11 @@ mod tests {
                 .verdict,
             Verdict::Banned
         );
-        assert_eq!(
-            again.limiter.snapshot(&BanPolicy::default(), T0 + 5).len(),
-            2,
-            "key 3 was idle"
-        );
+        let mut kept = 0;
+        again
+            .limiter
+            .snapshot(&BanPolicy::default(), T0 + 5, |_, _| kept += 1);
+        assert_eq!(kept, 2, "key 3 was idle");
     }
 
     #[test]
@@ -438,6 +467,12 @@ mod tests {
         assert_eq!(d.quota.remaining, 2);
     }
 
+    fn encode_all(generation: u64, states: &[(KeyId, KeyState)]) -> Vec<u8> {
+        encode(generation, states.len(), |put| {
+            states.iter().for_each(|(id, state)| put(*id, state))
+        })
+    }
+
     #[test]
     fn encoding_round_trips() {
         let state = KeyState {
@@ -452,8 +487,11 @@ mod tests {
             ..KeyState::default()
         };
         let states = vec![(KeyId(u64::MAX), state), (KeyId(0), KeyState::default())];
-        assert_eq!(decode(&encode(7, &states)).unwrap(), (7, states.clone()));
-        assert!(decode(&encode(7, &states)[..20]).is_none());
+        assert_eq!(
+            decode(&encode_all(7, &states)).unwrap(),
+            (7, states.clone())
+        );
+        assert!(decode(&encode_all(7, &states)[..20]).is_none());
         let mut journal = journal_header(7);
         journal.extend(batch(&states[..1]));
         journal.extend(batch(&states[1..]));
@@ -486,7 +524,7 @@ mod tests {
                 },
             )]
         );
-        assert_eq!(encode(0, &states)[24..], bytes[16..]);
+        assert_eq!(encode_all(0, &states)[24..], bytes[16..]);
     }
 
     const WIDE: Limits = Limits {
