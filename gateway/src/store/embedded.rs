@@ -198,18 +198,20 @@ impl EmbeddedStore {
             .is_some()
             .then(|| self.limiter.changes(bans, now_ms))
             .filter(|changed| files.journal_bytes + batch_len(changed.len()) <= limit);
-        match (appendable, files.journal.as_mut()) {
-            (Some(changed), Some(journal)) => {
-                if !changed.is_empty() {
-                    let path = self.dir.join(JOURNAL_FILE);
-                    journal
-                        .write_all(&batch(&changed))
-                        .and_then(|()| journal.sync_data())
-                        .map_err(|source| SnapshotError { path, source })?;
-                    files.journal_bytes += batch_len(changed.len());
-                }
-            }
-            _ => self.compact(files, bans, now_ms)?,
+        let Some(changed) = appendable else {
+            return self.compact(files, bans, now_ms);
+        };
+        if !changed.is_empty() {
+            let journal = files
+                .journal
+                .as_mut()
+                .expect("changes are taken only with a journal");
+            let path = self.dir.join(JOURNAL_FILE);
+            journal
+                .write_all(&batch(&changed))
+                .and_then(|()| journal.sync_data())
+                .map_err(|source| SnapshotError { path, source })?;
+            files.journal_bytes += batch_len(changed.len());
         }
         Ok(())
     }
