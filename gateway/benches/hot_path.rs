@@ -1,6 +1,7 @@
 //! Microbenchmarks of the gateway's per-request work (`cargo bench -p animal-store-gateway`):
-//! the key lookup from the `Authorization` header, the limiter's decision with 1 and 1,000,000 active keys, and rendering the
-//! rate-limit headers; and, printed before them, the memory each active key costs the limiter.
+//! the key lookup from the `Authorization` header, the limiter's decision with 1 and 1,000,000
+//! active keys, and rendering the rate-limit headers; and, printed before them, the memory each
+//! active key costs the limiter.
 //! Also the embedded store's once-a-second write at 1,000,000 keys: the pass that takes what
 //! changed, and the whole write with the journal's fsync (under `CARGO_TARGET_TMPDIR`, on the
 //! disk the build is on); and, printed, how long decisions wait while such passes run.
