@@ -365,15 +365,11 @@ impl Limiter {
     /// only the changed ones.
     pub fn changes(&self, bans: &BanPolicy, now_ms: u64) -> Vec<(KeyId, KeyState)> {
         let mut changed = Vec::new();
-        self.states.retain(|id, state| {
-            if state.is_idle(bans, now_ms) {
-                return false;
-            }
+        self.sweep(bans, now_ms, |id, state| {
             if state.changed {
                 state.changed = false;
-                changed.push((*id, *state));
+                changed.push((id, *state));
             }
-            true
         });
         changed
     }
@@ -382,12 +378,20 @@ impl Limiter {
     /// which counts as changed any more; idle state is forgotten on the way. A callback rather
     /// than a vector: a snapshot of a million keys is encoded as it is taken, not copied first.
     pub fn snapshot(&self, bans: &BanPolicy, now_ms: u64, mut take: impl FnMut(KeyId, &KeyState)) {
+        self.sweep(bans, now_ms, |id, state| {
+            state.changed = false;
+            take(id, state);
+        });
+    }
+
+    /// One pass over the keys, a shard at a time: idle state at `now_ms` is forgotten, every
+    /// other state is handed to `visit`.
+    fn sweep(&self, bans: &BanPolicy, now_ms: u64, mut visit: impl FnMut(KeyId, &mut KeyState)) {
         self.states.retain(|id, state| {
             if state.is_idle(bans, now_ms) {
                 return false;
             }
-            state.changed = false;
-            take(*id, state);
+            visit(*id, state);
             true
         });
     }

@@ -316,7 +316,7 @@ fn batch_len(keys: usize) -> u64 {
 
 /// A journal batch of `states`: a count, the states, a checksum of both.
 fn batch(states: &[(KeyId, KeyState)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + states.len() * WORDS_PER_KEY * 8);
+    let mut out = Vec::with_capacity(batch_len(states.len()) as usize);
     out.extend_from_slice(&(states.len() as u64).to_le_bytes());
     for (id, state) in states {
         put_state(&mut out, *id, state);
