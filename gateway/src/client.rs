@@ -61,9 +61,33 @@ impl TrustedProxies {
 
     /// The `X-Forwarded-For` to send upstream: what was `received`, then the `client`.
     pub fn forward(client: IpAddr, received: Option<&str>) -> String {
-        match received {
-            Some(earlier) if !earlier.trim().is_empty() => format!("{earlier}, {client}"),
-            _ => client.to_string(),
+        let earlier = received.filter(|r| !r.trim().is_empty());
+        let mut text = String::with_capacity(earlier.map_or(0, |e| e.len() + 2) + 15);
+        if let Some(earlier) = earlier {
+            text.push_str(earlier);
+            text.push_str(", ");
+        }
+        push_ip(&mut text, client);
+        text
+    }
+}
+
+/// Appends `ip` as `Display` writes it. An IPv4 address, the common case on every request, is
+/// written a digit group at a time: `Display` goes through `fmt` and took 1,260 instructions
+/// per request (callgrind), a tenth of the gateway's own work outside the header maps.
+fn push_ip(text: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text.push('.');
+                }
+                text.push_str(itoa::Buffer::new().format(octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            use std::fmt::Write;
+            write!(text, "{v6}").expect("a String takes any text");
         }
     }
 }
@@ -138,6 +162,25 @@ mod tests {
             "1.2.3.4, 198.51.100.4"
         );
         assert_eq!(forward(ip("10.0.0.2"), None), "10.0.0.2");
+        assert_eq!(forward(ip("10.0.0.2"), Some(" ")), "10.0.0.2");
+        assert_eq!(
+            forward(ip("2001:db8::1"), Some("10.0.0.1")),
+            "10.0.0.1, 2001:db8::1"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn an_address_is_written_as_display_writes_it(bits in proptest::prelude::any::<u128>(), v4 in proptest::prelude::any::<bool>()) {
+            let ip = if v4 {
+                IpAddr::from(std::net::Ipv4Addr::from_bits(bits as u32))
+            } else {
+                IpAddr::from(std::net::Ipv6Addr::from_bits(bits))
+            };
+            let mut text = String::new();
+            push_ip(&mut text, ip);
+            proptest::prop_assert_eq!(text, ip.to_string());
+        }
     }
 
     #[test]
