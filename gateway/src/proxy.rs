@@ -37,7 +37,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use crate::access_log::{self, AccessLog};
 use crate::admission::Admission;
 use crate::auth::FailureBudget;
-use crate::client::TrustedProxies;
+use crate::client::{TrustedProxies, X_FORWARDED_FOR};
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, respond};
 use crate::headers::{self, RateHeaders};
@@ -189,7 +189,7 @@ impl ProxyHttp for Gateway {
         if session.get_keepalive().is_some() {
             session.set_keepalive(Some(ctx.settings.keepalive_timeout.as_secs()));
         }
-        let forwarded = session.req_header().headers.get_all("X-Forwarded-For");
+        let forwarded = session.req_header().headers.get_all(X_FORWARDED_FOR);
         ctx.client = ctx.settings.trusted_proxies.client(
             peer_ip(session),
             forwarded.iter().map(HeaderValue::as_bytes),
@@ -292,7 +292,7 @@ impl ProxyHttp for Gateway {
         upstream.insert_header("X-Request-Id", ctx.request_id.header())?;
         let received = upstream
             .headers
-            .get("X-Forwarded-For")
+            .get(X_FORWARDED_FOR)
             .and_then(|v| v.to_str().ok());
         let forwarded = TrustedProxies::forward(ctx.client, received);
         upstream.insert_header("X-Forwarded-For", forwarded)?;
