@@ -19,6 +19,11 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis):
   tls      HTTPS: wrk over HTTP/1.1, h2load over HTTP/2, and full handshakes per second; the
            gateway against nginx with the same certificate
   redis    two gateways on one Redis under load: admitted requests against the key's limit
+  instr    user-space instructions per request under valgrind's callgrind, which counts the same
+           for the same binary and load however busy the machine is: nginx, HAProxy, the bare
+           pass-through and the gateway (with where the gateway's own phases spend theirs), each
+           the difference of two runs of INSTR_N and 3 x INSTR_N requests (oha -n, 8 connections),
+           so start-up and shutdown cancel out
 """
 
 import asyncio
@@ -44,7 +49,8 @@ DUR = int(os.environ.get("DUR", "8"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 CONN = int(os.environ.get("CONN", "64"))
 IDLE = int(os.environ.get("IDLE", "10000"))
-PARTS = os.environ.get("PARTS", "get,open,idle,creates,tls,redis").split(",")
+PARTS = os.environ.get("PARTS", "get,open,idle,creates,tls,redis,instr").split(",")
+INSTR_N = int(os.environ.get("INSTR_N", "2000"))
 BIN = ROOT / "target/release/animal-store"
 PASS = ROOT / "target/release/passthrough"
 WORK = Path(tempfile.mkdtemp(prefix="animal-bench-"))
@@ -198,13 +204,15 @@ http {{ access_log off; keepalive_requests 100000000; keepalive_timeout 300s;
         wait_port(self.port, self.proc)
 
 
-def nginx_proxy(upstream, tls=None):
+def nginx_proxy(upstream, tls=None, wrap=()):
+    """nginx in front of `upstream`; under `wrap` (a command prefix such as valgrind) it runs as
+    one process (`master_process off`), so that the prefix sees the worker."""
     port = free_port()
     d = WORK / f"nginx-{port}"
     d.mkdir()
     listen = f"listen 127.0.0.1:{port}" + (" ssl http2" if tls else "")
     certs = f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]}; ssl_protocols TLSv1.2 TLSv1.3;" if tls else ""
-    (d / "nginx.conf").write_text(f"""
+    (d / "nginx.conf").write_text(("master_process off;" if wrap else "") + f"""
 worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log; worker_rlimit_nofile 19000;
 events {{ worker_connections 18000; }}
 http {{ access_log off; keepalive_requests 100000000;
@@ -214,12 +222,12 @@ http {{ access_log off; keepalive_requests 100000000;
     location /v1/ {{ limit_req zone=keys burst=100000000 nodelay;
       proxy_http_version 1.1; proxy_set_header Connection ""; proxy_set_header Authorization "";
       proxy_set_header X-Forwarded-For $remote_addr; proxy_pass http://up; }} }} }}""")
-    proc = start(0, ["nginx", "-c", d / "nginx.conf", "-g", "daemon off;"], f"nginx-{port}")
+    proc = start(0, [*wrap, "nginx", "-c", d / "nginx.conf", "-g", "daemon off;"], f"nginx-{port}")
     wait_port(port, proc)
     return proc, port
 
 
-def haproxy_proxy(upstream):
+def haproxy_proxy(upstream, wrap=()):
     port = free_port()
     cfg = WORK / f"haproxy-{port}.cfg"
     cfg.write_text(f"""
@@ -242,14 +250,14 @@ frontend fe
 backend be
   server up 127.0.0.1:{upstream.port} maxconn 1000
 """)
-    proc = start(0, ["haproxy", "-f", cfg, "-db"], f"haproxy-{port}")
+    proc = start(0, [*wrap, "haproxy", "-f", cfg, "-db"], f"haproxy-{port}")
     wait_port(port, proc)
     return proc, port
 
 
-def passthrough(upstream):
+def passthrough(upstream, wrap=()):
     port = free_port()
-    proc = start(0, [PASS, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.port}"], f"passthrough-{port}")
+    proc = start(0, [*wrap, PASS, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.port}"], f"passthrough-{port}")
     wait_port(port, proc)
     return proc, port
 
@@ -260,10 +268,10 @@ def bench_config(extra=""):
     return path
 
 
-def gateway(upstream_port, data, extra_args=(), config=None, cpu=0):
+def gateway(upstream_port, data, extra_args=(), config=None, cpu=0, wrap=()):
     port, admin = free_port(), free_port()
     config = config or bench_config()
-    proc = start(cpu, [BIN, "gateway", "--config", config, "--data-dir", data, "--listen", f"127.0.0.1:{port}",
+    proc = start(cpu, [*wrap, BIN, "gateway", "--config", config, "--data-dir", data, "--listen", f"127.0.0.1:{port}",
                        "--admin-listen", f"127.0.0.1:{admin}", "--backend-listen",
                        f"127.0.0.1:{upstream_port}", *extra_args], f"gateway-{port}",
                  env={"RUST_LOG": "warn"})
@@ -612,6 +620,70 @@ def part_redis_exactness(upstream, results):
 
 # ---------------------------------------------------------------- report
 
+# The gateway's own phases, as callgrind names the poll functions of their futures.
+PHASES = {
+    "request_filter (address, key, limits, route)": "Gateway as pingora_proxy::proxy_trait::ProxyHttp>::request_filter::{{closure}}",
+    "upstream_request_filter (headers upstream)": "Gateway as pingora_proxy::proxy_trait::ProxyHttp>::upstream_request_filter::{{closure}}",
+    "response_filter (headers to the client)": "Gateway as pingora_proxy::proxy_trait::ProxyHttp>::response_filter::{{closure}}",
+    "upstream_peer": "Gateway as pingora_proxy::proxy_trait::ProxyHttp>::upstream_peer::{{closure}}",
+    "logging (metrics)": "Gateway as pingora_proxy::proxy_trait::ProxyHttp>::logging::{{closure}}",
+    "of request_filter: SHA-256 of the key, in software under valgrind": "sha2::sha256::compress256",
+}
+
+
+def callgrind_functions(path, inclusive):
+    """Instructions by function in a callgrind profile, self or inclusive."""
+    out = subprocess.run(["callgrind_annotate", f"--inclusive={'yes' if inclusive else 'no'}",
+                          "--threshold=100", path], capture_output=True, text=True, check=True).stdout
+    counts = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(\S.*?)(?:\s+\[[^\]]*\])?$", line)
+        if m:
+            counts[m.group(2)] = counts.get(m.group(2), 0) + int(m.group(1).replace(",", ""))
+    return counts
+
+
+def part_instr(upstream, results):
+    log("== instr: user-space instructions per request (callgrind)")
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is needed for PARTS=instr: apt-get install -y valgrind")
+    data = WORK / "instr-data"
+    key = make_key(data, *ENTERPRISE)
+    starters = {
+        "nginx": lambda wrap: nginx_proxy(upstream, wrap=wrap),
+        "haproxy": lambda wrap: haproxy_proxy(upstream, wrap=wrap),
+        "pingora pass-through": lambda wrap: passthrough(upstream, wrap=wrap),
+        "gateway (embedded)": lambda wrap: gateway(upstream.port, data, wrap=wrap),
+    }
+    counts, phases = {}, {}
+    sizes = (INSTR_N, 3 * INSTR_N)
+    for name, starter in starters.items():
+        profiles = []
+        for n in sizes:
+            out = WORK / f"callgrind-{len(list(WORK.glob('callgrind-*')))}.out"
+            proc, port = starter(["valgrind", "--tool=callgrind", "--dump-instr=no",
+                                  f"--callgrind-out-file={out}"])
+            time.sleep(1.0)
+            subprocess.run(["taskset", "-c", "1", "oha", "-n", str(n), "-c", "8", "--no-tui",
+                            "-H", f"Authorization: Bearer {key}", f"http://127.0.0.1:{port}/v1/pets"],
+                           capture_output=True, check=True)
+            stop(proc)
+            if not out.exists():
+                sys.exit(f"{name}: callgrind wrote no profile (the proxy must exit on SIGTERM)")
+            profiles.append(out)
+
+        def per_request(inclusive, match):
+            first, second = (callgrind_functions(p, inclusive) for p in profiles)
+            return sum(second[f] - first.get(f, 0) for f in second if match(f)) / (sizes[1] - sizes[0])
+
+        counts[name] = per_request(False, lambda f: f == "PROGRAM TOTALS")
+        if name.startswith("gateway"):
+            for label, fn in PHASES.items():
+                phases[label] = per_request(True, lambda f, fn=fn: fn in f)
+        log(f"  {name}: {counts[name]:,.0f} instructions per request")
+    results["instr"] = (counts, phases)
+
+
 def version(cmd):
     try:
         out = subprocess.run(cmd, capture_output=True, text=True)
@@ -639,7 +711,7 @@ def report(results):
              "one CPU, and no work stealing, as the gateway ships); the load generator, the upstream (nginx returning a one-pet JSON array, keep-alive) "
              "and Redis on CPU 1. Access logs off. Every round runs every contender after a 1 s warm-up, in "
              "alternating order; values are medians with the rounds' range in brackets. Reproduce with "
-             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS).", ""]
+             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS, INSTR_N).", ""]
     if "get" in results:
         rows = results["get"]
         med = {n: statistics.median(r["rps"] for r in v) for n, v in rows.items()}
@@ -708,6 +780,23 @@ def report(results):
         for i, (limit, sent, admitted) in enumerate(results["exactness"], 1):
             lines.append(f"| {i} | {sent:,} | {admitted:,} | {limit:,} |")
         lines.append("")
+    if "instr" in results:
+        counts, phases = results["instr"]
+        lines += ["## User-space instructions per request (callgrind)", "",
+                  f"Each proxy alone under valgrind's callgrind on CPU 0, once for {INSTR_N:,} and once for "
+                  f"{3 * INSTR_N:,} GETs with a valid key (oha -n, 8 keep-alive connections); per request is "
+                  "the difference of the two totals over the difference in requests, so start-up and "
+                  "shutdown cancel out. The same binaries and load give the same counts however busy "
+                  "the machine is. Not counted: the kernel's work (nginx and pingora make the same number of "
+                  "system calls per request). `rep movsb` copies count one instruction per byte.", "",
+                  "| proxy | instructions per request | vs nginx | vs pass-through |", "|---|---|---|---|"]
+        for n, c in counts.items():
+            lines.append(f"| {n} | {c:,.0f} | {c / counts['nginx']:.2f} | {c / counts['pingora pass-through']:.2f} |")
+        lines += ["", "Where the gateway's own phases spend theirs (each including what it calls):", "",
+                  "| phase | instructions per request |", "|---|---|"]
+        for label, c in phases.items():
+            lines.append(f"| {label} | {c:,.0f} |")
+        lines.append("")
     (BENCH / "results.md").write_text("\n".join(lines))
     log("\n".join(lines))
 
@@ -735,6 +824,8 @@ def main():
             part_tls(upstream, results)
         if "redis" in PARTS:
             part_redis_exactness(upstream, results)
+        if "instr" in PARTS:
+            part_instr(upstream, results)
         report(results)
     finally:
         cleanup()
