@@ -607,3 +607,142 @@ fn slow_request_heads_and_silent_connections_are_closed() {
         |v| v == 0.0,
     );
 }
+
+/// An upstream that answers every request with a header in mixed case and hands back the head
+/// of each request it received, as the bytes that arrived.
+fn raw_upstream() -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (heads, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let heads = heads.clone();
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if stream.read(&mut byte).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let _ = heads.send(String::from_utf8_lossy(&head).into_owned());
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 Fine Thanks\r\nX-Upstream-Thing: Yes\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]",
+                );
+            });
+        }
+    });
+    (addr, received)
+}
+
+/// `gateway.header_case`: `preserve` writes header names as they came and the gateway's own as
+/// documented; `lower` writes them all in lowercase, both ways, on proxied responses and the
+/// gateway's own. Values and the reason phrase are the same either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_case_is_preserved_or_lowercase_as_configured() {
+    for case in ["preserve", "lower"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (upstream, heads) = raw_upstream();
+        let stack = Stack::start_with_text(
+            dir.path(),
+            &format!(
+                "header_case = \"{case}\"\n{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store\"\nupstream = \"{upstream}\"\n"
+            ),
+        );
+        let key = stack.key(&["--plan", "free"]);
+        let request = format!(
+            "GET /v1/store/inventory HTTP/1.1\r\nHost: x\r\nX-Client-Thing: 1\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+        );
+        let answer = raw_answer(stack.listen, &request);
+        let head = heads.recv_timeout(Duration::from_secs(10)).unwrap();
+        let (upstream_sees, client_sees) = match case {
+            "preserve" => (
+                [
+                    "X-Client-Thing: 1",
+                    "X-Api-Key-Id: ",
+                    "X-Api-Plan: free",
+                    "X-Request-Id: ",
+                    "X-Forwarded-For: 127.0.0.1",
+                ],
+                [
+                    "X-Upstream-Thing: Yes",
+                    "X-RateLimit-Limit: 60",
+                    "X-RateLimit-Remaining: 59",
+                    "RateLimit-Policy: ",
+                    "X-Request-Id: ",
+                ],
+            ),
+            _ => (
+                [
+                    "x-client-thing: 1",
+                    "x-api-key-id: ",
+                    "x-api-plan: free",
+                    "x-request-id: ",
+                    "x-forwarded-for: 127.0.0.1",
+                ],
+                [
+                    "x-upstream-thing: Yes",
+                    "x-ratelimit-limit: 60",
+                    "x-ratelimit-remaining: 59",
+                    "ratelimit-policy: ",
+                    "x-request-id: ",
+                ],
+            ),
+        };
+        for line in upstream_sees {
+            assert!(
+                head.contains(line),
+                "{case}: upstream lacks {line:?}:\n{head}"
+            );
+        }
+        assert!(
+            !head.to_ascii_lowercase().contains("authorization"),
+            "{case}: {head}"
+        );
+        assert!(
+            answer.starts_with("HTTP/1.1 200 Fine Thanks\r\n"),
+            "{case}: {answer}"
+        );
+        for line in client_sees {
+            assert!(
+                answer.contains(line),
+                "{case}: response lacks {line:?}:\n{answer}"
+            );
+        }
+        assert!(
+            answer.contains("Content-Type: application/json"),
+            "{case}: {answer}"
+        );
+
+        // The gateway's own answer: the same names, the same case.
+        let answer = raw_answer(
+            stack.listen,
+            "GET /v1/store/inventory HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
+        let (auth, limit) = match case {
+            "preserve" => ("WWW-Authenticate: Bearer", "X-RateLimit-Limit: "),
+            _ => ("www-authenticate: Bearer", "x-ratelimit-limit: "),
+        };
+        assert!(answer.starts_with("HTTP/1.1 401"), "{case}: {answer}");
+        assert!(
+            answer.contains(auth) && answer.contains(limit),
+            "{case}: {answer}"
+        );
+    }
+}
+
+/// The whole answer to `request` on a fresh connection, as text.
+fn raw_answer(addr: std::net::SocketAddr, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}

@@ -10,7 +10,7 @@ use std::hint::black_box;
 
 use animal_store_gateway::auth::authorize;
 use animal_store_gateway::bans::BanPolicy;
-use animal_store_gateway::headers::{self, RateHeaders};
+use animal_store_gateway::headers::{self, HeaderCase, RateHeaders};
 use animal_store_gateway::keys::{KeyId, KeyRecord, KeySet, generate, hash_key};
 use animal_store_gateway::limits::Limiter;
 use animal_store_gateway::plans::{Limits, Plans};
@@ -204,13 +204,27 @@ fn headers(c: &mut Criterion) {
             per_day: 10_000,
         }),
     };
-    c.bench_function("rate-limit headers on a response", |b| {
-        b.iter(|| {
-            let mut r = ResponseHeader::build(200, Some(8)).unwrap();
-            headers::insert_rate_headers(&mut r, black_box(&rate), 1_795_341_618_000).unwrap();
-            black_box(r)
-        })
-    });
+    for (case, label) in [
+        (
+            HeaderCase::Preserve,
+            "rate-limit headers on a response (header_case = preserve)",
+        ),
+        (
+            HeaderCase::Lower,
+            "rate-limit headers on a response (header_case = lower)",
+        ),
+    ] {
+        c.bench_function(label, |b| {
+            b.iter(|| {
+                let mut r = ResponseHeader::build(200, Some(8)).unwrap();
+                headers::with_response_headers(&mut r, case, |h| {
+                    headers::insert_rate_headers(h, black_box(&rate), 1_795_341_618_000)
+                })
+                .unwrap();
+                black_box(r)
+            })
+        });
+    }
 }
 
 criterion_group!(benches, key_lookup, limiter, headers);

@@ -13,11 +13,7 @@
 
 use std::net::IpAddr;
 
-use http::HeaderName;
 use ipnet::IpNet;
-
-/// The header, looked up by a name parsed once: a lookup by text parses it every time.
-pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The proxies whose `X-Forwarded-For` is believed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

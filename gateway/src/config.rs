@@ -13,6 +13,7 @@ use serde::Deserialize;
 use crate::access_log::AccessLog;
 use crate::bans::BanPolicy;
 use crate::deprecation::AfterSunset;
+use crate::headers::HeaderCase;
 use crate::plans::Plans;
 use crate::store::Fallback;
 use crate::store::redis::DEFAULT_TIMEOUT_MS;
@@ -91,6 +92,8 @@ pub struct GatewayConfig {
     pub cors: CorsConfig,
     /// The access log: `off`, `text` or `json` (one object per line).
     pub access_log: AccessLog,
+    /// How header names are written on HTTP/1.1: `preserve` or `lower`.
+    pub header_case: HeaderCase,
     /// Load balancers (CIDRs) whose `X-Forwarded-For` is believed; empty: none.
     pub trusted_proxies: Vec<String>,
     /// The address clients use for this API, e.g. `https://api.example.com`; links the gateway
@@ -189,6 +192,7 @@ impl Default for GatewayConfig {
             tls: TlsConfig::default(),
             cors: CorsConfig::default(),
             access_log: AccessLog::Off,
+            header_case: HeaderCase::Preserve,
             trusted_proxies: Vec::new(),
             public_url: None,
         }

@@ -2,10 +2,13 @@
 //! `RateLimit-Policy` and `RateLimit` fields, `X-Request-Id`, and a deprecated operation's
 //! `Deprecation`, `Sunset` and `Link`. One function decorates proxied responses and the
 //! gateway's own alike, so they cannot differ.
+//!
+//! How their names are written on HTTP/1.1 is `gateway.header_case` ([`HeaderCase`]).
 
 use bytes::Bytes;
-use http::HeaderValue;
-use pingora::http::ResponseHeader;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use pingora::http::{RequestHeader, ResponseHeader};
+use serde::Deserialize;
 
 use crate::auth::Budget;
 use crate::limits::{Decision, Quota, ceil_secs};
@@ -99,29 +102,163 @@ fn rate_limit_field(name: &str, remaining: u64, seconds_left: u64) -> HeaderValu
         .expect("a policy name and digits are header text")
 }
 
+/// `gateway.header_case`: how header names are written on HTTP/1.1 (HTTP/2 always writes them
+/// in lowercase).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderCase {
+    /// As they arrived, both ways, and the gateway's own as documented (`X-RateLimit-Limit`), as
+    /// nginx does.
+    #[default]
+    Preserve,
+    /// In lowercase, both ways (`x-ratelimit-limit`; a few common names, such as
+    /// `Content-Type`, stay titled), as HAProxy and Envoy do by default. Header names are
+    /// case-insensitive (RFC 9110, section 5.1), and without pingora's second, case-keeping map
+    /// the gateway's own headers cost a quarter of what they do otherwise (`bench/results.md`).
+    Lower,
+}
+
+/// A header the gateway writes: its name as documented, and parsed once.
+pub struct Name {
+    /// Written when header case is preserved.
+    pub cased: &'static str,
+    /// Looked up and written when it is not.
+    pub parsed: HeaderName,
+}
+
+impl Name {
+    /// `lower` must be `cased` in lowercase (a test checks every one).
+    const fn new(cased: &'static str, lower: &'static str) -> Name {
+        Name {
+            cased,
+            parsed: HeaderName::from_static(lower),
+        }
+    }
+}
+
+/// The limit of the window described.
+pub const X_RATELIMIT_LIMIT: Name = Name::new("X-RateLimit-Limit", "x-ratelimit-limit");
+/// What is left of it.
+pub const X_RATELIMIT_REMAINING: Name = Name::new("X-RateLimit-Remaining", "x-ratelimit-remaining");
+/// When it resets, Unix seconds.
+pub const X_RATELIMIT_RESET: Name = Name::new("X-RateLimit-Reset", "x-ratelimit-reset");
+/// The IETF draft's policies of the key.
+pub const RATELIMIT_POLICY: Name = Name::new("RateLimit-Policy", "ratelimit-policy");
+/// The IETF draft's remaining and seconds to reset.
+pub const RATELIMIT: Name = Name::new("RateLimit", "ratelimit");
+/// The request's id, to the client and upstream.
+pub const X_REQUEST_ID: Name = Name::new("X-Request-Id", "x-request-id");
+/// The client's address, upstream (and behind trusted proxies, from them).
+pub const X_FORWARDED_FOR: Name = Name::new("X-Forwarded-For", "x-forwarded-for");
+/// The key's public id, upstream.
+pub const X_API_KEY_ID: Name = Name::new("X-Api-Key-Id", "x-api-key-id");
+/// The key's plan, upstream.
+pub const X_API_PLAN: Name = Name::new("X-Api-Plan", "x-api-plan");
+
+/// Where headers go: through pingora, which keeps each name's case in a second map and parses
+/// the name from text for it, or straight into the header map of a message that keeps no case.
+pub enum Headers<'a> {
+    /// Through pingora, case kept.
+    Cased(CasedMessage<'a>),
+    /// Into the map of a message that keeps no case.
+    Lower(&'a mut HeaderMap),
+}
+
+/// A pingora message that keeps its header names' case.
+pub enum CasedMessage<'a> {
+    /// A request going upstream.
+    Request(&'a mut RequestHeader),
+    /// A response going to the client.
+    Response(&'a mut ResponseHeader),
+}
+
+impl Headers<'_> {
+    /// Sets `name` to `value`, replacing what was there.
+    pub fn insert(&mut self, name: &Name, value: HeaderValue) -> pingora::Result<()> {
+        match self {
+            Headers::Cased(CasedMessage::Request(r)) => r.insert_header(name.cased, value),
+            Headers::Cased(CasedMessage::Response(r)) => r.insert_header(name.cased, value),
+            Headers::Lower(map) => {
+                map.insert(name.parsed.clone(), value);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Runs `f` on `response`'s headers as `case` says they are written. For [`HeaderCase::Lower`]
+/// the response becomes one that keeps no case (its reason phrase kept), so `f` writes into its
+/// header map directly.
+pub fn with_response_headers<T>(
+    response: &mut ResponseHeader,
+    case: HeaderCase,
+    f: impl FnOnce(&mut Headers) -> pingora::Result<T>,
+) -> pingora::Result<T> {
+    if case == HeaderCase::Preserve {
+        return f(&mut Headers::Cased(CasedMessage::Response(response)));
+    }
+    let reason = response
+        .get_reason_phrase()
+        .filter(|r| Some(*r) != response.status.canonical_reason())
+        .map(str::to_owned);
+    let empty = ResponseHeader::from(http::Response::new(()).into_parts().0);
+    let mut parts = http::response::Parts::from(std::mem::replace(response, empty));
+    let result = f(&mut Headers::Lower(&mut parts.headers));
+    *response = ResponseHeader::from(parts);
+    response.set_reason_phrase(reason.as_deref())?;
+    result
+}
+
+/// As [`with_response_headers`], for a request going upstream. A request whose target does not
+/// survive as its URI (absolute-form, or not UTF-8) keeps pingora's form, which sends the target
+/// as received.
+pub fn with_request_headers<T>(
+    request: &mut RequestHeader,
+    case: HeaderCase,
+    f: impl FnOnce(&mut Headers) -> pingora::Result<T>,
+) -> pingora::Result<T> {
+    let from_uri = request.uri.scheme().is_none()
+        && request.raw_path_is_utf8()
+        && request.uri.path_and_query().map(|p| p.as_str().as_bytes()) == Some(request.raw_path());
+    if case == HeaderCase::Preserve || !from_uri {
+        return f(&mut Headers::Cased(CasedMessage::Request(request)));
+    }
+    let end_stream = request.send_end_stream();
+    let empty = RequestHeader::from(http::Request::new(()).into_parts().0);
+    let mut parts = http::request::Parts::from(std::mem::replace(request, empty));
+    let result = f(&mut Headers::Lower(&mut parts.headers));
+    *request = RequestHeader::from(parts);
+    if let Some(end_stream) = end_stream {
+        request.set_send_end_stream(end_stream);
+    }
+    result
+}
+
 /// Adds the rate-limit headers `rate` describes, at `now_ms`.
 pub fn insert_rate_headers(
-    response: &mut ResponseHeader,
+    headers: &mut Headers,
     rate: &RateHeaders,
     now_ms: u64,
 ) -> pingora::Result<()> {
-    response.insert_header("X-RateLimit-Limit", number(rate.limit))?;
-    response.insert_header("X-RateLimit-Remaining", number(rate.remaining))?;
-    response.insert_header("X-RateLimit-Reset", number(ceil_secs(rate.reset_ms)))?;
-    response.insert_header("RateLimit-Policy", rate.policy.clone())?;
+    headers.insert(&X_RATELIMIT_LIMIT, number(rate.limit))?;
+    headers.insert(&X_RATELIMIT_REMAINING, number(rate.remaining))?;
+    headers.insert(&X_RATELIMIT_RESET, number(ceil_secs(rate.reset_ms)))?;
+    headers.insert(&RATELIMIT_POLICY, rate.policy.clone())?;
     let seconds_left = ceil_secs(rate.reset_ms.saturating_sub(now_ms));
-    response.insert_header(
-        "RateLimit",
+    headers.insert(
+        &RATELIMIT,
         rate_limit_field(rate.name, rate.remaining, seconds_left),
     )
 }
 
 /// Adds the limit, identity, deprecation and CORS headers of the request in `ctx`.
 pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx) -> pingora::Result<()> {
-    if let Some(rate) = &ctx.rate {
-        insert_rate_headers(response, rate, ctx.now_ms)?;
-    }
-    response.insert_header("X-Request-Id", ctx.request_id.header())?;
+    with_response_headers(response, ctx.settings.header_case, |headers| {
+        if let Some(rate) = &ctx.rate {
+            insert_rate_headers(headers, rate, ctx.now_ms)?;
+        }
+        headers.insert(&X_REQUEST_ID, ctx.request_id.header())
+    })?;
     if let Some(origin) = &ctx.cors {
         crate::cors::decorate(response, origin)?;
     }
@@ -138,6 +275,58 @@ pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx) -> pingora::Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_name_is_parsed_from_its_documented_text() {
+        for name in [
+            X_RATELIMIT_LIMIT,
+            X_RATELIMIT_REMAINING,
+            X_RATELIMIT_RESET,
+            RATELIMIT_POLICY,
+            RATELIMIT,
+            X_REQUEST_ID,
+            X_FORWARDED_FOR,
+            X_API_KEY_ID,
+            X_API_PLAN,
+        ] {
+            assert_eq!(name.parsed.as_str(), name.cased.to_ascii_lowercase());
+        }
+    }
+
+    #[test]
+    fn a_request_whose_target_is_not_its_uri_keeps_its_form() {
+        // Absolute-form: the target goes upstream as received, so pingora's form is kept.
+        let mut request =
+            RequestHeader::build("GET", b"http://example.test/v1/pets", None).unwrap();
+        request.insert_header("X-Client-Thing", "1").unwrap();
+        with_request_headers(&mut request, HeaderCase::Lower, |h| {
+            h.insert(&X_API_PLAN, HeaderValue::from_static("free"))
+        })
+        .unwrap();
+        assert_eq!(request.raw_path(), b"http://example.test/v1/pets");
+        let mut wire = Vec::new();
+        request.header_to_h1_wire(&mut wire);
+        let wire = String::from_utf8(wire).unwrap();
+        assert!(
+            wire.contains("X-Client-Thing: 1") && wire.contains("X-Api-Plan: free"),
+            "{wire}"
+        );
+
+        let mut request = RequestHeader::build("GET", b"/v1/pets?x=1", None).unwrap();
+        request.insert_header("X-Client-Thing", "1").unwrap();
+        with_request_headers(&mut request, HeaderCase::Lower, |h| {
+            h.insert(&X_API_PLAN, HeaderValue::from_static("free"))
+        })
+        .unwrap();
+        assert_eq!(request.raw_path(), b"/v1/pets?x=1");
+        let mut wire = Vec::new();
+        request.header_to_h1_wire(&mut wire);
+        let wire = String::from_utf8(wire).unwrap();
+        assert!(
+            wire.contains("x-client-thing: 1") && wire.contains("x-api-plan: free"),
+            "{wire}"
+        );
+    }
 
     #[test]
     fn values_render_as_the_draft_and_the_x_headers_say() {

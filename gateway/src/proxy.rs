@@ -31,16 +31,16 @@ use bytes::Bytes;
 use http::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
-use pingora::{Error, ErrorType, Result};
+use pingora::{Error, ErrorType, OrErr, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::access_log::{self, AccessLog};
 use crate::admission::Admission;
 use crate::auth::FailureBudget;
-use crate::client::{TrustedProxies, X_FORWARDED_FOR};
+use crate::client::TrustedProxies;
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, respond};
-use crate::headers::{self, RateHeaders};
+use crate::headers::{self, RateHeaders, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID};
 use crate::keyring::Keyring;
 use crate::keys::ActiveKey;
 use crate::metrics;
@@ -189,7 +189,10 @@ impl ProxyHttp for Gateway {
         if session.get_keepalive().is_some() {
             session.set_keepalive(Some(ctx.settings.keepalive_timeout.as_secs()));
         }
-        let forwarded = session.req_header().headers.get_all(X_FORWARDED_FOR);
+        let forwarded = session
+            .req_header()
+            .headers
+            .get_all(&X_FORWARDED_FOR.parsed);
         ctx.client = ctx.settings.trusted_proxies.client(
             peer_ip(session),
             forwarded.iter().map(HeaderValue::as_bytes),
@@ -288,19 +291,22 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        upstream.remove_header(&http::header::AUTHORIZATION);
-        upstream.insert_header("X-Request-Id", ctx.request_id.header())?;
         let received = upstream
             .headers
-            .get(X_FORWARDED_FOR)
+            .get(&X_FORWARDED_FOR.parsed)
             .and_then(|v| v.to_str().ok());
-        let forwarded = TrustedProxies::forward(ctx.client, received);
-        upstream.insert_header("X-Forwarded-For", forwarded)?;
-        if let Some(key) = &ctx.key {
-            upstream.insert_header("X-Api-Key-Id", key.id_header.clone())?;
-            upstream.insert_header("X-Api-Plan", key.plan.clone())?;
-        }
-        Ok(())
+        let forwarded = HeaderValue::try_from(TrustedProxies::forward(ctx.client, received))
+            .or_err(ErrorType::InvalidHTTPHeader, "X-Forwarded-For")?;
+        upstream.remove_header(&http::header::AUTHORIZATION);
+        headers::with_request_headers(upstream, ctx.settings.header_case, |headers| {
+            headers.insert(&X_REQUEST_ID, ctx.request_id.header())?;
+            headers.insert(&X_FORWARDED_FOR, forwarded)?;
+            if let Some(key) = &ctx.key {
+                headers.insert(&X_API_KEY_ID, key.id_header.clone())?;
+                headers.insert(&X_API_PLAN, key.plan.clone())?;
+            }
+            Ok(())
+        })
     }
 
     async fn response_filter(

@@ -16,6 +16,7 @@ use crate::config::{
 };
 use crate::cors::CorsPolicy;
 use crate::deprecation::Deprecation;
+use crate::headers::HeaderCase;
 use crate::metrics;
 use crate::plans::{MAX_LIMIT, Plans};
 use crate::routes::{Route, Routes, Upstream, UpstreamTls, normalize_path};
@@ -66,6 +67,8 @@ pub struct Settings {
     pub public_url: String,
     /// The access log's format, or off.
     pub access_log: AccessLog,
+    /// How header names are written on HTTP/1.1.
+    pub header_case: HeaderCase,
     /// Whose `X-Forwarded-For` is believed.
     pub trusted_proxies: TrustedProxies,
 }
@@ -184,6 +187,7 @@ impl Settings {
             cors,
             public_url,
             access_log: config.access_log,
+            header_case: config.header_case,
             trusted_proxies: TrustedProxies::parse(&config.trusted_proxies)
                 .map_err(|e| format!("gateway.trusted_proxies: {e}"))?,
         })
