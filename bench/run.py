@@ -307,6 +307,8 @@ def part_get(upstream, results):
     key = make_key(data, *ENTERPRISE)
     redis_proc, redis_url = redis_server()
     rkey = make_key(WORK / "cli", *ENTERPRISE, "--redis-url", redis_url)
+    lower_data = WORK / "gw-lower"
+    lower_key = make_key(lower_data, *ENTERPRISE)
     contenders = {
         "direct": (None, upstream.port),
         "nginx": nginx_proxy(upstream),
@@ -314,7 +316,10 @@ def part_get(upstream, results):
         "pingora pass-through": passthrough(upstream),
         "gateway (embedded)": gateway(upstream.port, data),
         "gateway (redis)": gateway(upstream.port, WORK / "gw-redis-a", ["--redis-url", redis_url]),
+        "gateway (header_case = lower)": gateway(upstream.port, lower_data,
+                                                 config=bench_config('header_case = "lower"')),
     }
+    keys = {name: rkey if "redis" in name else lower_key if "lower" in name else key for name in contenders}
     second = gateway(upstream.port, WORK / "gw-redis-b", ["--redis-url", redis_url])
     time.sleep(1.5)  # keys loaded, heartbeats seen
     rows = {name: [] for name in [*contenders, "2 gateways (redis)"]}
@@ -332,7 +337,7 @@ def part_get(upstream, results):
                      "non2xx": sum(x["non2xx"] for x in with_threads), "cpu_us": None}
             else:
                 proc, port = contenders[name]
-                k = rkey if "redis" in name else key
+                k = keys[name]
                 wrk(f"http://127.0.0.1:{port}/v1/pets", k, dur=1)  # warm-up
                 before = tree_cpu_seconds(proc.pid) if proc else 0
                 r = wrk(f"http://127.0.0.1:{port}/v1/pets", k)
@@ -344,7 +349,7 @@ def part_get(upstream, results):
                 + (f", {r['cpu_us']:.1f} us CPU/request" if r.get("cpu_us") else ""))
     results["get"] = rows
     results["get_procs"] = {n: c for n, c in contenders.items()}
-    results["keys"] = {"embedded": key, "redis": rkey}
+    results["keys"] = keys
     stop(second[0])
     results["_stop_later"] = [redis_proc]
 
@@ -356,7 +361,7 @@ def part_open(upstream, results):
     rates = [int(nginx_max * f) for f in (0.25, 0.5, 0.75)]
     rows = {}
     for name, (proc, port) in contenders.items():
-        key = results["keys"]["redis" if "redis" in name else "embedded"]
+        key = results["keys"][name]
         rows[name] = []
         for rate in rates:
             r = oha(f"http://127.0.0.1:{port}/v1/pets", rate, key)
@@ -468,7 +473,7 @@ def part_idle(upstream, results):
     for name, (proc, port) in results["get_procs"].items():
         if proc is None:
             continue
-        key = results["keys"]["redis" if "redis" in name else "embedded"]
+        key = results["keys"][name]
         # HAProxy needs two descriptors per allowed connection, and this sandbox allows 20,000.
         n = min(IDLE, 9800) if name == "haproxy" else IDLE
         rows[name] = measure_idle(name, proc, port, key, n)
@@ -654,6 +659,8 @@ def part_instr(upstream, results):
         "haproxy": lambda wrap: haproxy_proxy(upstream, wrap=wrap),
         "pingora pass-through": lambda wrap: passthrough(upstream, wrap=wrap),
         "gateway (embedded)": lambda wrap: gateway(upstream.port, data, wrap=wrap),
+        "gateway (header_case = lower)": lambda wrap: gateway(
+            upstream.port, data, config=bench_config('header_case = "lower"'), wrap=wrap),
     }
     counts, phases = {}, {}
     sizes = (INSTR_N, 3 * INSTR_N)
@@ -678,8 +685,9 @@ def part_instr(upstream, results):
 
         counts[name] = per_request(False, lambda f: f == "PROGRAM TOTALS")
         if name.startswith("gateway"):
-            for label, fn in PHASES.items():
-                phases[label] = per_request(True, lambda f, fn=fn: fn in f)
+            # Each function itself, not the closures inside it (their cost is in its own).
+            phases[name] = {label: per_request(True, lambda f, fn=fn: f.endswith(fn))
+                            for label, fn in PHASES.items()}
         log(f"  {name}: {counts[name]:,.0f} instructions per request")
     results["instr"] = (counts, phases)
 
@@ -792,10 +800,10 @@ def report(results):
                   "| proxy | instructions per request | vs nginx | vs pass-through |", "|---|---|---|---|"]
         for n, c in counts.items():
             lines.append(f"| {n} | {c:,.0f} | {c / counts['nginx']:.2f} | {c / counts['pingora pass-through']:.2f} |")
-        lines += ["", "Where the gateway's own phases spend theirs (each including what it calls):", "",
-                  "| phase | instructions per request |", "|---|---|"]
-        for label, c in phases.items():
-            lines.append(f"| {label} | {c:,.0f} |")
+        lines += ["", "Where the gateway's own phases spend theirs (each including what it calls), per request:", "",
+                  "| phase | " + " | ".join(phases) + " |", "|---|" + "---|" * len(phases)]
+        for label in PHASES:
+            lines.append(f"| {label} | " + " | ".join(f"{p[label]:,.0f}" for p in phases.values()) + " |")
         lines.append("")
     (BENCH / "results.md").write_text("\n".join(lines))
     log("\n".join(lines))
