@@ -209,29 +209,31 @@ pub fn with_response_headers<T>(
     result
 }
 
-/// As [`with_response_headers`], for a request going upstream. A request whose target does not
-/// survive as its URI (absolute-form, or not UTF-8) keeps pingora's form, which sends the target
-/// as received.
+/// As [`with_response_headers`], for a request going upstream. A request whose target is not
+/// exactly its URI's path and query (absolute-form, not UTF-8, or HTTP/2, whose URI carries the
+/// scheme and authority) keeps pingora's form, which sends the target as received.
 pub fn with_request_headers<T>(
     request: &mut RequestHeader,
     case: HeaderCase,
     f: impl FnOnce(&mut Headers) -> pingora::Result<T>,
 ) -> pingora::Result<T> {
-    let from_uri = request.uri.scheme().is_none()
-        && request.raw_path_is_utf8()
-        && request.uri.path_and_query().map(|p| p.as_str().as_bytes()) == Some(request.raw_path());
-    if case == HeaderCase::Preserve || !from_uri {
+    if case == HeaderCase::Preserve || !target_is_uri(request) {
         return f(&mut Headers::Cased(CasedMessage::Request(request)));
     }
-    let end_stream = request.send_end_stream();
     let empty = RequestHeader::from(http::Request::new(()).into_parts().0);
     let mut parts = http::request::Parts::from(std::mem::replace(request, empty));
     let result = f(&mut Headers::Lower(&mut parts.headers));
     *request = RequestHeader::from(parts);
-    if let Some(end_stream) = end_stream {
-        request.set_send_end_stream(end_stream);
-    }
     result
+}
+
+/// Whether `request`'s target survives as its URI's path and query, which is all a request
+/// rebuilt from `http` parts keeps of it.
+fn target_is_uri(request: &RequestHeader) -> bool {
+    request.version != http::Version::HTTP_2
+        && request.uri.scheme().is_none()
+        && request.raw_path_is_utf8()
+        && request.uri.path_and_query().map(|p| p.as_str().as_bytes()) == Some(request.raw_path())
 }
 
 /// Adds the rate-limit headers `rate` describes, at `now_ms`.
@@ -295,8 +297,9 @@ mod tests {
 
     /// A request to `target` with a client's header, given the gateway's header in lowercase
     /// mode: its target and header lines as they would go upstream.
-    fn lowercased(target: &[u8]) -> (Vec<u8>, String) {
+    fn lowercased(target: &[u8], version: http::Version) -> (Vec<u8>, String) {
         let mut request = RequestHeader::build("GET", target, None).unwrap();
+        request.set_version(version);
         request.insert_header("X-Client-Thing", "1").unwrap();
         with_request_headers(&mut request, HeaderCase::Lower, |h| {
             h.insert(&X_API_PLAN, HeaderValue::from_static("free"))
@@ -313,13 +316,20 @@ mod tests {
     #[test]
     fn a_request_whose_target_is_not_its_uri_keeps_its_form() {
         // Absolute-form: the target goes upstream as received, so pingora's form is kept.
-        let (target, wire) = lowercased(b"http://example.test/v1/pets");
+        let (target, wire) = lowercased(b"http://example.test/v1/pets", http::Version::HTTP_11);
         assert_eq!(target, b"http://example.test/v1/pets");
         assert!(
             wire.contains("X-Client-Thing: 1") && wire.contains("X-Api-Plan: free"),
             "{wire}"
         );
-        let (target, wire) = lowercased(b"/v1/pets?x=1");
+        // HTTP/2: pingora's form too, whatever the target.
+        let (target, wire) = lowercased(b"/v1/pets?x=1", http::Version::HTTP_2);
+        assert_eq!(target, b"/v1/pets?x=1");
+        assert!(
+            wire.contains("X-Client-Thing: 1") && wire.contains("X-Api-Plan: free"),
+            "{wire}"
+        );
+        let (target, wire) = lowercased(b"/v1/pets?x=1", http::Version::HTTP_11);
         assert_eq!(target, b"/v1/pets?x=1");
         assert!(
             wire.contains("x-client-thing: 1") && wire.contains("x-api-plan: free"),
