@@ -210,6 +210,66 @@ async fn two_gateways_share_keys_limits_and_bans_through_redis() {
     assert!(list.contains(&format!("{}\t", key_id(&key))) && !list.contains(&key));
 }
 
+/// `gateway.redis.timeout_ms` is how long a decision may wait for Redis: a Redis busy for 3 s
+/// (`DEBUG SLEEP`) under a 5 s timeout still decides, and nothing falls back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_redis_within_timeout_ms_still_decides() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let url = redis.url();
+    let Fleet {
+        config,
+        a,
+        b: _b,
+        _backend,
+    } = fleet(dir.path(), &url, &url);
+    let key = enterprise(dir.path(), &config, &url, 1_000);
+    a.wait_keys(1);
+    wait_metric(
+        a.admin,
+        "gateway_limit_store_up",
+        Duration::from_secs(5),
+        |v| v == 1.0,
+    );
+    let c = client();
+    let r = c
+        .get(a.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    let sleeper = {
+        let port = redis.addr.port().to_string();
+        std::thread::spawn(move || {
+            std::process::Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port, "DEBUG", "SLEEP", "3"])
+                .output()
+                .unwrap()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300)); // Redis is asleep
+    let started = Instant::now();
+    let r = c
+        .get(a.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        started.elapsed() > Duration::from_secs(2),
+        "it waited for Redis"
+    );
+    sleeper.join().unwrap();
+    assert_all_decided_in_redis(&[&a]);
+    assert_eq!(
+        metric(a.admin, "gateway_limit_store_outages_total"),
+        Some(0.0)
+    );
+}
+
 /// Redis killed under load: each gateway limits with its share and says so in `/metrics`;
 /// Redis back: limits are exact and shared again, with no restart.
 #[tokio::test(flavor = "multi_thread")]

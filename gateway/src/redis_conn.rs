@@ -116,14 +116,16 @@ impl RedisConn {
         if info.contains("cluster_enabled:1") {
             let cluster = ClusterClient::builder(urls.to_vec())
                 .connection_timeout(timeout)
-                .response_timeout(timeout)
+                .response_timeout(CALLER_BOUNDS_COMMANDS)
                 .retries(1)
                 .build()?;
             return Ok(RedisConn::Cluster(cluster.get_async_connection().await?));
         }
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
+            // Commands are bounded by their caller (`within`), e.g. by `gateway.redis.timeout_ms`:
+            // a timeout here too would cut a longer configured one short.
+            .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         Ok(RedisConn::Single(
@@ -139,6 +141,9 @@ impl RedisConn {
 
 /// Time allowed to reach Redis when connecting (at start, and again while it is away).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A cluster connection's own response timeout, which it must have: long, because every
+/// command is bounded by its caller (`within`), e.g. by `gateway.redis.timeout_ms`.
+const CALLER_BOUNDS_COMMANDS: Duration = Duration::from_secs(60);
 
 /// One process's way to Redis: the seed URLs, the connection once made, and a small runtime of
 /// its own on which the connection's I/O tasks run. Connections must outlive whichever service
