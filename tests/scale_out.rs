@@ -113,6 +113,57 @@ fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|&&s| s == status).count()
 }
 
+/// What each gateway's limit store went through, for a failure's message: its metrics and the
+/// lines its log wrote about Redis.
+fn fleet_report(gateways: &[&GatewayOnly]) -> String {
+    let mut report = String::new();
+    for g in gateways {
+        report.push_str(&format!("gateway at {}:\n", g.listen));
+        for name in [
+            "gateway_limit_store_up",
+            "gateway_limit_store_fallbacks_total",
+            "gateway_limit_store_outages_total",
+        ] {
+            report.push_str(&format!("  {name} {:?}\n", metric(g.admin, name)));
+        }
+        for line in g.proc.log_text().lines().filter(|l| l.contains("redis")) {
+            report.push_str(&format!("  | {line}\n"));
+        }
+    }
+    report
+}
+
+/// The clients `redis` has, but for the redis-cli asking.
+fn redis_clients(redis: &RedisServer) -> Vec<String> {
+    redis
+        .cli(&["client", "list"])
+        .lines()
+        .filter(|l| !l.contains("cmd=client|list"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Sends requests with `key` until the one-thread `gateway` has a Redis connection of the
+/// thread's own beside the shared one: the first decisions go over the shared connection while
+/// the thread's own is made.
+async fn until_the_thread_has_its_own_connection(
+    redis: &RedisServer,
+    gateway: &GatewayOnly,
+    key: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis_clients(redis).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "no connection of the thread's own: {:?}",
+            redis_clients(redis)
+        );
+        let statuses = burst(&[gateway], key, 20).await;
+        assert_eq!(count(&statuses, 200), 20);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Every decision of `gateways` so far was made in Redis, not by a fallback.
 fn assert_all_decided_in_redis(gateways: &[&GatewayOnly]) {
     for g in gateways {
@@ -353,7 +404,12 @@ async fn a_redis_outage_falls_back_to_shares_and_its_return_restores_exact_limit
     a.wait_keys(3);
     b.wait_keys(3);
     let statuses = burst(&[&a, &b], &fresh, 120).await;
-    assert_eq!(count(&statuses, 200), 40, "exact again: {statuses:?}");
+    assert_eq!(
+        count(&statuses, 200),
+        40,
+        "exact again: {statuses:?}\n{}",
+        fleet_report(&[&a, &b])
+    );
 }
 
 /// Started while Redis is away, the gateway runs (no hang, no crash); with `fallback = deny`
@@ -471,41 +527,71 @@ async fn the_proxy_thread_decides_over_its_own_redis_connection() {
     );
     let key = enterprise(dir.path(), &config, &url, 100_000);
     gateway.wait_keys(1);
-    // The clients Redis has, but for the redis-cli asking.
-    let connections = || -> Vec<String> {
-        redis
-            .cli(&["client", "list"])
-            .lines()
-            .filter(|l| !l.contains("cmd=client|list"))
-            .map(str::to_owned)
-            .collect()
-    };
     assert_eq!(
-        connections().len(),
+        redis_clients(&redis).len(),
         1,
         "the shared connection: {:?}",
-        connections()
+        redis_clients(&redis)
     );
 
-    // The first decisions go over the shared connection while the thread's own is made.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while connections().len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "no connection of the thread's own: {:?}",
-            connections()
-        );
-        let statuses = burst(&[&gateway], &key, 20).await;
-        assert_eq!(count(&statuses, 200), 20);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_the_thread_has_its_own_connection(&redis, &gateway, &key).await;
     let statuses = burst(&[&gateway], &key, 300).await;
     assert_eq!(count(&statuses, 200), 300);
     assert_all_decided_in_redis(&[&gateway]);
-    let now = connections();
+    let now = redis_clients(&redis);
     assert_eq!(now.len(), 2, "one per proxy thread, kept: {now:?}");
     assert!(
         now.iter().any(|l| l.contains("cmd=evalsha")),
         "decisions are made over it: {now:?}"
+    );
+}
+
+/// Redis restarted while no request comes: the heartbeat notices both the outage and the
+/// return, and the proxy thread's own connection, which saw neither, is not the first request's
+/// way back (it would fail, count a second outage, and decide alone until the next heartbeat).
+#[tokio::test(flavor = "multi_thread")]
+async fn after_redis_returns_to_an_idle_gateway_the_first_decisions_are_made_in_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let config = config(dir.path(), "[gateway.redis]\ntimeout_ms = 5000");
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let gateway = GatewayOnly::start(
+        dir.path(),
+        "a",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+    let key = enterprise(dir.path(), &config, &url, 100_000);
+    gateway.wait_keys(1);
+    until_the_thread_has_its_own_connection(&redis, &gateway, &key).await;
+    assert_all_decided_in_redis(&[&gateway]);
+
+    redis.kill();
+    let up = |v: f64| move |x: f64| x == v;
+    wait_metric(
+        gateway.admin,
+        "gateway_limit_store_up",
+        Duration::from_secs(5),
+        up(0.0),
+    );
+    redis.restart();
+    wait_metric(
+        gateway.admin,
+        "gateway_limit_store_up",
+        Duration::from_secs(10),
+        up(1.0),
+    );
+    gateway.wait_keys(1);
+
+    let statuses = burst(&[&gateway], &key, 50).await;
+    assert_eq!(count(&statuses, 200), 50);
+    assert_all_decided_in_redis(&[&gateway]);
+    assert_eq!(
+        metric(gateway.admin, "gateway_limit_store_outages_total"),
+        Some(1.0),
+        "{}",
+        fleet_report(&[&gateway])
     );
 }

@@ -156,6 +156,9 @@ pub struct RedisHub {
     conn: OnceCell<RedisConn>,
     /// Tells this hub's thread-local connections apart from another hub's.
     id: u64,
+    /// Thread-local connections made before the last [`RedisHub::forget_local_conns`] are not
+    /// used again.
+    generation: AtomicU64,
     /// Dropped with the hub, so threads can let go of connections no hub will use again.
     alive: Arc<()>,
 }
@@ -166,6 +169,7 @@ static NEXT_HUB: AtomicU64 = AtomicU64::new(0);
 /// A thread's own connection to one hub's Redis, made in the background.
 struct LocalConn {
     hub: u64,
+    generation: u64,
     hub_alive: Weak<()>,
     conn: Arc<OnceCell<RedisConn>>,
     started: Instant,
@@ -199,6 +203,7 @@ impl RedisHub {
             runtime: Some(runtime),
             conn: OnceCell::new(),
             id: NEXT_HUB.fetch_add(1, Ordering::Relaxed),
+            generation: AtomicU64::new(0),
             alive: Arc::new(()),
         });
         if let Err(e) = hub.block_on(hub.connect()) {
@@ -218,9 +223,11 @@ impl RedisHub {
     /// start connecting to a Redis that is away).
     pub fn local_conn(&self) -> Option<RedisConn> {
         let shared = self.conn.get()?;
+        let generation = self.generation.load(Ordering::Acquire);
         let local = LOCAL_CONNS.with(|conns| {
             let mut conns = conns.borrow_mut();
-            if let Some(local) = conns.iter().find(|c| c.hub == self.id) {
+            let current = |c: &LocalConn| c.hub == self.id && c.generation == generation;
+            if let Some(local) = conns.iter().find(|c| current(c)) {
                 if let Some(conn) = local.conn.get() {
                     return Some(conn.clone());
                 }
@@ -228,12 +235,14 @@ impl RedisHub {
                     return None; // still connecting
                 }
             }
-            // None yet, or the last attempt failed: start one (at most one per thread at a time).
+            // None yet, the last attempt failed, or Redis failed since: start one (at most one
+            // per thread at a time).
             let runtime = tokio::runtime::Handle::try_current().ok()?;
             conns.retain(|c| c.hub != self.id && c.hub_alive.strong_count() > 0);
             let conn = Arc::new(OnceCell::new());
             conns.push(LocalConn {
                 hub: self.id,
+                generation,
                 hub_alive: Arc::downgrade(&self.alive),
                 conn: conn.clone(),
                 started: Instant::now(),
@@ -250,9 +259,11 @@ impl RedisHub {
         Some(local.unwrap_or_else(|| shared.clone()))
     }
 
-    /// Drops this thread's own connection (after it failed): the next command makes a new one.
-    pub fn forget_local_conn(&self) {
-        LOCAL_CONNS.with(|conns| conns.borrow_mut().retain(|c| c.hub != self.id));
+    /// Retires every thread's own connection (after Redis failed): each thread makes a new one
+    /// at its next command. A connection no command used while Redis was away still holds the
+    /// old socket, and would fail the first command after Redis's return.
+    pub fn forget_local_conns(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Connects if no connection was made yet; the connection is made once per process.

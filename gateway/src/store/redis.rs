@@ -118,10 +118,7 @@ impl RedisStore {
         {
             match within(self.timeout, self.eval(conn, key, limits, bans, now_ms)).await {
                 Ok(decision) => return Ok(decision),
-                Err(e) => {
-                    self.hub.forget_local_conn();
-                    self.went_down(&e);
-                }
+                Err(e) => self.went_down(&e),
             }
         }
         metrics::LIMIT_STORE_FALLBACKS.inc();
@@ -158,10 +155,7 @@ impl RedisStore {
                     let state = KeyState::from_fields(std::array::from_fn(|_| f.next().flatten()));
                     return Ok(state.peek(limits, now_ms));
                 }
-                Err(e) => {
-                    self.hub.forget_local_conn();
-                    self.went_down(&e);
-                }
+                Err(e) => self.went_down(&e),
             }
         }
         match self.fallback {
@@ -212,7 +206,10 @@ impl RedisStore {
         }
     }
 
+    /// Redis failed a command or a heartbeat: requests use the fallback until a heartbeat
+    /// succeeds, and then new connections.
     fn went_down(&self, e: &RedisError) {
+        self.hub.forget_local_conns();
         if self.up.swap(false, Ordering::AcqRel) {
             self.local.clear();
             metrics::LIMIT_STORE_UP.set(0);
