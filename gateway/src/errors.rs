@@ -109,7 +109,7 @@ pub async fn send(
         response.insert_header("Content-Type", content_type)?;
         response.insert_header("Content-Length", body.len())?;
     }
-    headers::decorate(&mut response, ctx)?;
+    headers::decorate(&mut response, ctx, session.is_http2())?;
     ctx.status = response.status.as_u16();
     session
         .write_response_header(Box::new(response), false)

@@ -236,6 +236,16 @@ fn target_is_uri(request: &RequestHeader) -> bool {
         && request.uri.path_and_query().map(|p| p.as_str().as_bytes()) == Some(request.raw_path())
 }
 
+/// Makes every value of `map` hold its own bytes, not a share of a larger buffer.
+fn own_values(map: &mut HeaderMap) {
+    for value in map.values_mut() {
+        let mut owned = HeaderValue::from_maybe_shared(Bytes::copy_from_slice(value.as_bytes()))
+            .expect("the bytes of a header value");
+        owned.set_sensitive(value.is_sensitive());
+        *value = owned;
+    }
+}
+
 /// Adds the rate-limit headers `rate` describes, at `now_ms`.
 pub fn insert_rate_headers(
     headers: &mut Headers,
@@ -253,9 +263,24 @@ pub fn insert_rate_headers(
     )
 }
 
-/// Adds the limit, identity, deprecation and CORS headers of the request in `ctx`.
-pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx) -> pingora::Result<()> {
-    with_response_headers(response, ctx.settings.header_case, |headers| {
+/// Adds the limit, identity, deprecation and CORS headers of the request in `ctx` to a response
+/// going to the client over HTTP/2 if `http2`, else over HTTP/1.
+///
+/// HTTP/2 writes every name in lowercase, so its responses take the case-free path whatever
+/// `gateway.header_case` says, and their values are copied out of the buffer the upstream's
+/// response head was read into: the connection's HPACK table keeps the values it indexes for as
+/// long as the connection is open, and a value still pointing into that buffer would keep all of
+/// it (4 KiB an idle connection).
+pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx, http2: bool) -> pingora::Result<()> {
+    let case = if http2 {
+        HeaderCase::Lower
+    } else {
+        ctx.settings.header_case
+    };
+    with_response_headers(response, case, |headers| {
+        if http2 && let Headers::Lower(map) = headers {
+            own_values(map);
+        }
         if let Some(rate) = &ctx.rate {
             insert_rate_headers(headers, rate, ctx.now_ms)?;
         }
@@ -335,6 +360,27 @@ mod tests {
             wire.contains("x-client-thing: 1") && wire.contains("x-api-plan: free"),
             "{wire}"
         );
+    }
+
+    #[test]
+    fn owned_values_no_longer_share_the_buffer_they_were_read_into() {
+        let head = Bytes::from(b"application/json secret".repeat(100));
+        let within = |v: &HeaderValue| head.as_ptr_range().contains(&v.as_bytes().as_ptr());
+        let mut map = HeaderMap::new();
+        map.insert(
+            "content-type",
+            HeaderValue::from_maybe_shared(head.slice(0..16)).unwrap(),
+        );
+        let mut secret = HeaderValue::from_maybe_shared(head.slice(17..23)).unwrap();
+        secret.set_sensitive(true);
+        map.insert("x-secret", secret);
+        assert!(map.values().all(within));
+
+        own_values(&mut map);
+        assert!(!map.values().any(within));
+        assert_eq!(map["content-type"], "application/json");
+        assert_eq!(map["x-secret"], "secret");
+        assert!(map["x-secret"].is_sensitive());
     }
 
     #[test]

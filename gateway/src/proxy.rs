@@ -311,7 +311,7 @@ impl ProxyHttp for Gateway {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
@@ -320,7 +320,7 @@ impl ProxyHttp for Gateway {
                 .upstream_duration
                 .observe(started.elapsed().as_secs_f64());
         }
-        headers::decorate(response, ctx)
+        headers::decorate(response, ctx, session.is_http2())
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
