@@ -143,6 +143,18 @@ fn redis_clients(redis: &RedisServer) -> Vec<String> {
         .collect()
 }
 
+/// One gateway (one proxy thread) on `redis` over a backend of its own, and a key it knows whose
+/// limit no test reaches.
+fn lone_gateway(dir: &Path, redis: &RedisServer) -> (GatewayOnly, String, Backend) {
+    let url = redis.url();
+    let config = config(dir, "[gateway.redis]\ntimeout_ms = 5000");
+    let backend = Backend::start(&dir.join("backend-data"));
+    let gateway = GatewayOnly::start(dir, "a", &config, backend.addr, &["--redis-url", &url]);
+    let key = enterprise(dir, &config, &url, 100_000);
+    gateway.wait_keys(1);
+    (gateway, key, backend)
+}
+
 /// Sends requests with `key` until the one-thread `gateway` has a Redis connection of the
 /// thread's own beside the shared one: the first decisions go over the shared connection while
 /// the thread's own is made.
@@ -515,18 +527,7 @@ async fn two_gateways_on_a_redis_cluster_admit_exactly_the_limit() {
 async fn the_proxy_thread_decides_over_its_own_redis_connection() {
     let dir = tempfile::tempdir().unwrap();
     let redis = RedisServer::start();
-    let url = redis.url();
-    let config = config(dir.path(), "[gateway.redis]\ntimeout_ms = 5000");
-    let backend = Backend::start(&dir.path().join("backend-data"));
-    let gateway = GatewayOnly::start(
-        dir.path(),
-        "a",
-        &config,
-        backend.addr,
-        &["--redis-url", &url],
-    );
-    let key = enterprise(dir.path(), &config, &url, 100_000);
-    gateway.wait_keys(1);
+    let (gateway, key, _backend) = lone_gateway(dir.path(), &redis);
     assert_eq!(
         redis_clients(&redis).len(),
         1,
@@ -553,18 +554,7 @@ async fn the_proxy_thread_decides_over_its_own_redis_connection() {
 async fn after_redis_returns_to_an_idle_gateway_the_first_decisions_are_made_in_redis() {
     let dir = tempfile::tempdir().unwrap();
     let mut redis = RedisServer::start();
-    let url = redis.url();
-    let config = config(dir.path(), "[gateway.redis]\ntimeout_ms = 5000");
-    let backend = Backend::start(&dir.path().join("backend-data"));
-    let gateway = GatewayOnly::start(
-        dir.path(),
-        "a",
-        &config,
-        backend.addr,
-        &["--redis-url", &url],
-    );
-    let key = enterprise(dir.path(), &config, &url, 100_000);
-    gateway.wait_keys(1);
+    let (gateway, key, _backend) = lone_gateway(dir.path(), &redis);
     until_the_thread_has_its_own_connection(&redis, &gateway, &key).await;
     assert_all_decided_in_redis(&[&gateway]);
 
