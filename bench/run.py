@@ -23,7 +23,8 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis):
            for the same binary and load however busy the machine is: nginx, HAProxy, the bare
            pass-through and the gateway (with where the gateway's own phases spend theirs), each
            the difference of two runs of INSTR_N and 3 x INSTR_N requests (oha -n, 8 connections),
-           so start-up and shutdown cancel out
+           so start-up and shutdown cancel out; and the gateway and nginx over HTTP/2 with TLS
+           (h2load -n, 8 connections, one stream each)
 """
 
 import asyncio
@@ -548,20 +549,33 @@ def h2load(url, *args):
     return {"rps": float(m.group(3)), "secs": secs, "ok": int(ok.group(1)) if ok else 0, "out": out}
 
 
+def certificate():
+    """A self-signed ECDSA P-256 certificate for localhost and its key, made once per run."""
+    cert, keyf = WORK / "cert.pem", WORK / "key.pem"
+    if not cert.exists():
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-days", "2", "-subj", "/CN=localhost", "-addext",
+                        "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", keyf, "-out", cert],
+                       check=True, capture_output=True)
+    return cert, keyf
+
+
+def gateway_tls(upstream_port, data, wrap=()):
+    """The gateway with its HTTPS listener too; returns the process and the HTTPS port."""
+    cert, keyf = certificate()
+    tls_port = free_port()
+    proc, _ = gateway(upstream_port, data, ["--tls-listen", f"127.0.0.1:{tls_port}", "--tls-cert", cert,
+                                            "--tls-key", keyf], wrap=wrap)
+    wait_port(tls_port, proc)
+    return proc, tls_port
+
+
 def part_tls(upstream, results):
     log("== tls: HTTPS through the gateway and nginx, same certificate")
-    cert, keyf = WORK / "cert.pem", WORK / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-days", "2", "-subj", "/CN=localhost", "-addext",
-                    "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", keyf, "-out", cert],
-                   check=True, capture_output=True)
     data = WORK / "gw-tls"
     key = make_key(data, *ENTERPRISE)
-    tls_port = free_port()
-    gw, _ = gateway(upstream.port, data, ["--tls-listen", f"127.0.0.1:{tls_port}", "--tls-cert", cert,
-                                          "--tls-key", keyf])
-    wait_port(tls_port, gw)
-    ng, ng_port = nginx_proxy(upstream, tls=(cert, keyf))
+    gw, tls_port = gateway_tls(upstream.port, data)
+    ng, ng_port = nginx_proxy(upstream, tls=certificate())
     contenders = {"gateway": (gw, tls_port), "nginx": (ng, ng_port)}
     rows = {n: {"h1": [], "h2": [], "handshakes": []} for n in contenders}
     auth = ["-H", f"Authorization: Bearer {key}"]
@@ -585,11 +599,8 @@ def part_tls(upstream, results):
     # Fresh processes, as for `serve`: after the load above, both hold memory they reuse.
     for alpn, label in (("http/1.1", "tls_idle"), ("h2", "h2_idle")):
         log(f"  {IDLE} idle {alpn} connections over TLS (fresh processes)")
-        tls_port = free_port()
-        gw, _ = gateway(upstream.port, data, ["--tls-listen", f"127.0.0.1:{tls_port}", "--tls-cert", cert,
-                                              "--tls-key", keyf])
-        wait_port(tls_port, gw)
-        ng, ng_port = nginx_proxy(upstream, tls=(cert, keyf))
+        gw, tls_port = gateway_tls(upstream.port, data)
+        ng, ng_port = nginx_proxy(upstream, tls=certificate())
         results[label] = {}
         for name, (proc, port) in {"gateway": (gw, tls_port), "nginx": (ng, ng_port)}.items():
             wrk(f"https://127.0.0.1:{port}/v1/pets", key, dur=1)
@@ -638,8 +649,11 @@ PHASES = {
 
 def callgrind_functions(path, inclusive):
     """Instructions by function in a callgrind profile, self or inclusive."""
-    out = subprocess.run(["callgrind_annotate", f"--inclusive={'yes' if inclusive else 'no'}",
-                          "--threshold=100", path], capture_output=True, text=True, check=True).stdout
+    run = subprocess.run(["callgrind_annotate", f"--inclusive={'yes' if inclusive else 'no'}",
+                          "--threshold=100", path], capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit(f"callgrind_annotate {path}: {run.stderr.strip()[-500:]}")
+    out = run.stdout
     counts = {}
     for line in out.splitlines():
         m = re.match(r"\s*([\d,]+)\s+\(\s*[\d.]+%\)\s+(\S.*?)(?:\s+\[[^\]]*\])?$", line)
@@ -648,32 +662,46 @@ def callgrind_functions(path, inclusive):
     return counts
 
 
+# The HTTP/2 contenders of the instructions part, reported in a table of their own.
+H2_NGINX, H2_GATEWAY = "nginx, HTTP/2 over TLS", "gateway, HTTP/2 over TLS"
+
+
 def part_instr(upstream, results):
     log("== instr: user-space instructions per request (callgrind)")
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is needed for PARTS=instr: apt-get install -y valgrind")
     data = WORK / "instr-data"
     key = make_key(data, *ENTERPRISE)
+
+    def http1(port, n):
+        subprocess.run(["taskset", "-c", "1", "oha", "-n", str(n), "-c", "8", "--no-tui",
+                        "-H", f"Authorization: Bearer {key}", f"http://127.0.0.1:{port}/v1/pets"],
+                       capture_output=True, check=True)
+
+    def http2(port, n):
+        h2load(f"https://127.0.0.1:{port}/v1/pets", "-n", str(n), "-c", "8", "-m", "1", "-t", "1",
+               "-H", f"Authorization: Bearer {key}")
+
     starters = {
-        "nginx": lambda wrap: nginx_proxy(upstream, wrap=wrap),
-        "haproxy": lambda wrap: haproxy_proxy(upstream, wrap=wrap),
-        "pingora pass-through": lambda wrap: passthrough(upstream, wrap=wrap),
-        "gateway (embedded)": lambda wrap: gateway(upstream.port, data, wrap=wrap),
-        "gateway (header_case = lower)": lambda wrap: gateway(
-            upstream.port, data, config=bench_config('header_case = "lower"'), wrap=wrap),
+        "nginx": (lambda wrap: nginx_proxy(upstream, wrap=wrap), http1),
+        "haproxy": (lambda wrap: haproxy_proxy(upstream, wrap=wrap), http1),
+        "pingora pass-through": (lambda wrap: passthrough(upstream, wrap=wrap), http1),
+        "gateway (embedded)": (lambda wrap: gateway(upstream.port, data, wrap=wrap), http1),
+        "gateway (header_case = lower)": (lambda wrap: gateway(
+            upstream.port, data, config=bench_config('header_case = "lower"'), wrap=wrap), http1),
+        H2_NGINX: (lambda wrap: nginx_proxy(upstream, tls=certificate(), wrap=wrap), http2),
+        H2_GATEWAY: (lambda wrap: gateway_tls(upstream.port, data, wrap=wrap), http2),
     }
     counts, phases = {}, {}
     sizes = (INSTR_N, 3 * INSTR_N)
-    for name, starter in starters.items():
+    for name, (starter, load) in starters.items():
         profiles = []
         for n in sizes:
             out = WORK / f"callgrind-{len(list(WORK.glob('callgrind-*')))}.out"
             proc, port = starter(["valgrind", "--tool=callgrind", "--dump-instr=no",
                                   f"--callgrind-out-file={out}"])
             time.sleep(1.0)
-            subprocess.run(["taskset", "-c", "1", "oha", "-n", str(n), "-c", "8", "--no-tui",
-                            "-H", f"Authorization: Bearer {key}", f"http://127.0.0.1:{port}/v1/pets"],
-                           capture_output=True, check=True)
+            load(port, n)
             stop(proc)
             if not out.exists():
                 sys.exit(f"{name}: callgrind wrote no profile (the proxy must exit on SIGTERM)")
@@ -799,7 +827,13 @@ def report(results):
                   "system calls per request). `rep movsb` copies count one instruction per byte.", "",
                   "| proxy | instructions per request | vs nginx | vs pass-through |", "|---|---|---|---|"]
         for n, c in counts.items():
-            lines.append(f"| {n} | {c:,.0f} | {c / counts['nginx']:.2f} | {c / counts['pingora pass-through']:.2f} |")
+            if n not in (H2_NGINX, H2_GATEWAY):
+                lines.append(f"| {n} | {c:,.0f} | {c / counts['nginx']:.2f} | {c / counts['pingora pass-through']:.2f} |")
+        lines += ["", f"Over HTTP/2 with TLS, the same certificate (h2load -n, 8 connections, one stream each; "
+                  "the handshakes, 8 a run, cancel out like start-up):", "",
+                  "| proxy | instructions per request | vs nginx |", "|---|---|---|"]
+        for n in (H2_NGINX, H2_GATEWAY):
+            lines.append(f"| {n} | {counts[n]:,.0f} | {counts[n] / counts[H2_NGINX]:.2f} |")
         lines += ["", "Where the gateway's own phases spend theirs (each including what it calls), per request:", "",
                   "| phase | " + " | ".join(phases) + " |", "|---|" + "---|" * len(phases)]
         for label in PHASES:
