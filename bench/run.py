@@ -6,7 +6,7 @@ because these machines are shared and noisy. Pinning on 2 cores: the proxy under
 the load generator, the upstream and Redis on CPU 1. Rounds run every contender back to back, in
 alternating order; values are medians with the spread (min-max) of the rounds.
 
-Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis):
+Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis,instr):
   get      closed loop (wrk -t1 -c64): upstream direct, nginx limit_req, HAProxy stick table,
            bare pingora pass-through, the gateway (embedded store, Redis store, two gateways on
            one Redis); req/s, p99, proxy CPU time per request
