@@ -176,6 +176,14 @@ async fn until_the_thread_has_its_own_connection(
     }
 }
 
+/// Waits until `gateway` says its limits are (`up`) or are not decided in Redis.
+fn wait_store_up(gateway: &GatewayOnly, up: bool, within: Duration) {
+    let want = if up { 1.0 } else { 0.0 };
+    wait_metric(gateway.admin, "gateway_limit_store_up", within, |v| {
+        v == want
+    });
+}
+
 /// Every decision of `gateways` so far was made in Redis, not by a fallback.
 fn assert_all_decided_in_redis(gateways: &[&GatewayOnly]) {
     for g in gateways {
@@ -288,12 +296,7 @@ async fn a_slow_redis_within_timeout_ms_still_decides() {
     } = fleet(dir.path(), &url, &url);
     let key = enterprise(dir.path(), &config, &url, 1_000);
     a.wait_keys(1);
-    wait_metric(
-        a.admin,
-        "gateway_limit_store_up",
-        Duration::from_secs(5),
-        |v| v == 1.0,
-    );
+    wait_store_up(&a, true, Duration::from_secs(5));
     let c = client();
     let r = c
         .get(a.url("/v1/pets"))
@@ -351,12 +354,7 @@ async fn a_redis_outage_falls_back_to_shares_and_its_return_restores_exact_limit
     a.wait_keys(2);
     b.wait_keys(2);
     for g in [&a, &b] {
-        wait_metric(
-            g.admin,
-            "gateway_limit_store_up",
-            Duration::from_secs(5),
-            |v| v == 1.0,
-        );
+        wait_store_up(g, true, Duration::from_secs(5));
     }
     std::thread::sleep(Duration::from_millis(1200)); // both heartbeats have seen each other
 
@@ -405,12 +403,7 @@ async fn a_redis_outage_falls_back_to_shares_and_its_return_restores_exact_limit
     // Redis returns (with its append-only file): both gateways go back to it by themselves.
     redis.restart();
     for g in [&a, &b] {
-        wait_metric(
-            g.admin,
-            "gateway_limit_store_up",
-            Duration::from_secs(10),
-            |v| v == 1.0,
-        );
+        wait_store_up(g, true, Duration::from_secs(10));
     }
     let fresh = enterprise(dir.path(), &config, &url, 40);
     a.wait_keys(3);
@@ -458,12 +451,7 @@ async fn a_gateway_started_without_redis_runs_and_deny_answers_503() {
     let mut redis = RedisServer::start_at(redis_addr, &[]);
     let key = enterprise(dir.path(), &config, &url, 1000);
     g.wait_keys(1);
-    wait_metric(
-        g.admin,
-        "gateway_limit_store_up",
-        Duration::from_secs(10),
-        |v| v == 1.0,
-    );
+    wait_store_up(&g, true, Duration::from_secs(10));
     let c = client();
     assert_eq!(
         c.get(g.url("/v1/pets"))
@@ -559,20 +547,9 @@ async fn after_redis_returns_to_an_idle_gateway_the_first_decisions_are_made_in_
     assert_all_decided_in_redis(&[&gateway]);
 
     redis.kill();
-    let up = |v: f64| move |x: f64| x == v;
-    wait_metric(
-        gateway.admin,
-        "gateway_limit_store_up",
-        Duration::from_secs(5),
-        up(0.0),
-    );
+    wait_store_up(&gateway, false, Duration::from_secs(5));
     redis.restart();
-    wait_metric(
-        gateway.admin,
-        "gateway_limit_store_up",
-        Duration::from_secs(10),
-        up(1.0),
-    );
+    wait_store_up(&gateway, true, Duration::from_secs(10));
     gateway.wait_keys(1);
 
     let statuses = burst(&[&gateway], &key, 50).await;
