@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use redis::{ErrorKind, ServerErrorKind};
 use serde::Deserialize;
 
 use super::Unavailable;
@@ -56,7 +57,14 @@ pub enum Fallback {
 /// The Redis hash of a key's state. The braces make the id the hash tag, so everything of one
 /// key lands in one cluster slot whatever is added later.
 pub fn state_key(key: KeyId) -> String {
-    format!("as:lim:{{{key}}}")
+    String::from_utf8(state_key_bytes(key).to_vec()).expect("ASCII")
+}
+
+/// [`state_key`] on the stack, as each decision sends it.
+fn state_key_bytes(key: KeyId) -> [u8; 25] {
+    let mut name = *b"as:lim:{0000000000000000}";
+    hex::encode_to_slice(key.0.to_be_bytes(), &mut name[8..24]).expect("16 hex digits fit");
+    name
 }
 
 /// Limits shared through Redis, with a local fallback.
@@ -165,7 +173,11 @@ impl RedisStore {
         }
     }
 
-    /// One atomic decision in Redis.
+    /// One atomic decision in Redis: the script called by its hash, and loaded first into a
+    /// Redis that does not have it (a new server, or one restarted or flushed since).
+    ///
+    /// The command is built in one buffer: redis-rs's `ScriptInvocation` would first collect
+    /// every argument in a vector of its own, nine allocations a decision.
     async fn eval(
         &self,
         mut conn: RedisConn,
@@ -176,9 +188,11 @@ impl RedisStore {
     ) -> Result<Decision, RedisError> {
         // State must outlive the longest ban and the window in which bans double.
         let ttl_ms = (bans.max + bans.repeat_window).as_millis() as u64 + 2 * DAY_MS;
-        let reply: (u8, u8, u64, u64) = self
-            .script
-            .key(state_key(key))
+        let mut call = redis::Cmd::with_capacity(12, 128);
+        call.arg("EVALSHA")
+            .arg(self.script.get_hash())
+            .arg(1)
+            .arg(&state_key_bytes(key)[..])
             .arg(now_ms)
             .arg(limits.per_minute)
             .arg(limits.per_day)
@@ -186,9 +200,14 @@ impl RedisStore {
             .arg(bans.base.as_millis() as u64)
             .arg(bans.max.as_millis() as u64)
             .arg(bans.repeat_window.as_millis() as u64)
-            .arg(ttl_ms)
-            .invoke_async(&mut conn)
-            .await?;
+            .arg(ttl_ms);
+        let reply = match call.query_async(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(&mut conn).await?;
+                call.query_async(&mut conn).await?
+            }
+            reply => reply?,
+        };
         decision_from_reply(reply, limits)
     }
 
@@ -331,5 +350,20 @@ fn unlimited(limits: Limits, now_ms: u64) -> Decision {
             reset_ms: now_ms + MINUTE_MS,
         },
         ban_imposed: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_keys_hash_in_redis_is_named_as_it_always_was() {
+        // Gateways of different versions share one Redis: the name must not move.
+        for id in [0, 1, 0x9d47_14c8_eb0f_c065, u64::MAX] {
+            let key = KeyId(id);
+            assert_eq!(state_key(key), format!("as:lim:{{{key}}}"));
+        }
+        assert_eq!(state_key(KeyId(0xab)), "as:lim:{00000000000000ab}");
     }
 }
