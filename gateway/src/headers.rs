@@ -396,23 +396,40 @@ mod tests {
 
     #[test]
     fn only_the_values_unique_to_a_response_are_kept_out_of_hpack_tables() {
-        let rate = RateHeaders {
+        let config: crate::config::GatewayConfig = toml::from_str("").unwrap();
+        let settings = crate::settings::Settings::new(&config, "127.0.0.1:8081".parse().unwrap());
+        let mut ctx = Ctx::new(std::sync::Arc::new(settings.unwrap()));
+        ctx.now_ms = 90_000;
+        ctx.rate = Some(RateHeaders {
             name: "minute",
             limit: 60,
             remaining: 59,
             reset_ms: 120_000,
             policy: HeaderValue::from_static("\"minute\";q=60;w=60"),
-        };
-        let mut map = HeaderMap::new();
-        insert_rate_headers(&mut Headers::Lower(&mut map), &rate, 90_000).unwrap();
-        let never_indexed: Vec<&str> = map
-            .iter()
-            .filter(|(_, v)| v.is_sensitive())
-            .map(|(n, _)| n.as_str())
-            .collect();
-        assert_eq!(never_indexed, ["x-ratelimit-remaining", "ratelimit"]);
-        assert_eq!(map["x-ratelimit-remaining"], "59");
-        assert_eq!(map["ratelimit"], "\"minute\";r=59;t=30");
+        });
+        for http2 in [true, false] {
+            let mut response = ResponseHeader::build(200, None).unwrap();
+            response
+                .insert_header("Content-Type", "application/json")
+                .unwrap();
+            decorate(&mut response, &ctx, http2).unwrap();
+            let mut never_indexed: Vec<&str> = response
+                .headers
+                .iter()
+                .filter(|(_, v)| v.is_sensitive())
+                .map(|(n, _)| n.as_str())
+                .collect();
+            never_indexed.sort();
+            assert_eq!(
+                never_indexed,
+                ["ratelimit", "x-ratelimit-remaining", "x-request-id"],
+                "http2: {http2}"
+            );
+            assert_eq!(response.headers.len(), 7, "http2: {http2}");
+            assert_eq!(response.headers["x-ratelimit-remaining"], "59");
+            assert_eq!(response.headers["ratelimit"], "\"minute\";r=59;t=30");
+            assert_eq!(response.headers["x-request-id"], ctx.request_id.as_str());
+        }
     }
 
     #[test]

@@ -115,6 +115,31 @@ pub struct Ctx {
     started: Instant,
 }
 
+impl Ctx {
+    /// A request's context under `settings`, before anything of the request is known.
+    pub(crate) fn new(settings: Arc<Settings>) -> Ctx {
+        Ctx {
+            settings,
+            client: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            request_id: RequestId::next(),
+            now_ms: 0,
+            rate: None,
+            deprecation: None,
+            status: 0,
+            error_code: None,
+            cors: None,
+            answered: None,
+            instance: None,
+            refused_by: None,
+            upstream_started: None,
+            key: None,
+            route: None,
+            body_bytes: 0,
+            started: Instant::now(),
+        }
+    }
+}
+
 /// The gateway's state shared by all requests.
 pub struct Gateway {
     live: Arc<ArcSwap<Settings>>,
@@ -157,25 +182,7 @@ impl ProxyHttp for Gateway {
 
     fn new_ctx(&self) -> Ctx {
         crate::connections::head_read();
-        Ctx {
-            settings: self.live.load_full(),
-            client: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            request_id: RequestId::next(),
-            now_ms: 0,
-            rate: None,
-            deprecation: None,
-            status: 0,
-            error_code: None,
-            cors: None,
-            answered: None,
-            instance: None,
-            refused_by: None,
-            upstream_started: None,
-            key: None,
-            route: None,
-            body_bytes: 0,
-            started: Instant::now(),
-        }
+        Ctx::new(self.live.load_full())
     }
 
     fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {
