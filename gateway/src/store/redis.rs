@@ -188,7 +188,8 @@ impl RedisStore {
     ) -> Result<Decision, RedisError> {
         // State must outlive the longest ban and the window in which bans double.
         let ttl_ms = (bans.max + bans.repeat_window).as_millis() as u64 + 2 * DAY_MS;
-        let mut call = redis::Cmd::with_capacity(12, 128);
+        // Twelve arguments of about 150 bytes together (the hash alone is 40, the key's name 25).
+        let mut call = redis::Cmd::with_capacity(12, 192);
         call.arg("EVALSHA")
             .arg(self.script.get_hash())
             .arg(1)
