@@ -519,6 +519,76 @@ fn early_refusals_reach_a_client_that_writes_its_whole_body_first() {
     }
 }
 
+/// A create sent with `Expect: 100-continue` (as curl and .NET send large bodies) gets the
+/// backend's `100 Continue` as it was sent, then its 201, and the connection stays open for the
+/// next request: the interim answer is not taken for one written before the body was read.
+#[test]
+fn a_request_expecting_100_continue_keeps_its_connection() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "business"]);
+    let body = r#"{"name":"Rex","categoryId":1}"#;
+    let mut s = std::net::TcpStream::connect(stack.listen).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    let interim = read_head(&mut s);
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim}");
+    assert!(
+        !interim.contains("RateLimit"),
+        "interim answers pass as sent: {interim}"
+    );
+    s.write_all(body.as_bytes()).unwrap();
+    let created = read_head(&mut s);
+    assert!(created.starts_with("HTTP/1.1 201 "), "{created}");
+    assert!(created.contains("X-RateLimit-Remaining: "), "{created}");
+    assert!(created.contains("Connection: keep-alive"), "{created}");
+    let length: usize = created
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(str::to_owned)
+        })
+        .expect("content-length")
+        .parse()
+        .unwrap();
+    let mut pet = vec![0; length];
+    std::io::Read::read_exact(&mut s, &mut pet).unwrap();
+    assert!(String::from_utf8_lossy(&pet).contains("\"Rex\""));
+    // The same connection serves the next request.
+    write!(
+        s,
+        "GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+    )
+    .unwrap();
+    let listed = read_head(&mut s);
+    assert!(listed.starts_with("HTTP/1.1 200 "), "{listed}");
+}
+
+/// A response head read from `s` up to its blank line, byte by byte so nothing after it is
+/// consumed.
+fn read_head(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    let mut head = Vec::new();
+    let mut byte = [0u8];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            other => panic!(
+                "connection ended after {:?}: {other:?}",
+                String::from_utf8_lossy(&head)
+            ),
+        }
+    }
+    String::from_utf8(head).unwrap()
+}
+
 /// A keep-alive client connection idle for `gateway.keepalive_timeout_seconds` is closed, as
 /// nginx does; one in use is not.
 #[test]

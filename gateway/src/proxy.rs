@@ -15,7 +15,8 @@
 //! upstream_request_filter drop Authorization; add X-Request-Id, X-Forwarded-For,
 //!                         X-Api-Key-Id, X-Api-Plan (pingora itself drops hop-by-hop headers
 //!                         and those the client's Connection header names)
-//! response_filter         rate-limit, request-id, CORS and deprecation headers
+//! response_filter         rate-limit, request-id, CORS and deprecation headers (not on an
+//!                         interim `100 Continue`, which leaves the connection reusable)
 //! fail_to_proxy           upstream unreachable → 502, too slow → 504 (JSON, same headers)
 //! logging                 metrics and the access log (key id only, never the key)
 //! ```
@@ -28,7 +29,7 @@ use animal_store_contract::ErrorCode;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
-use http::HeaderValue;
+use http::{HeaderValue, StatusCode};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::{Error, ErrorType, OrErr, Result};
@@ -322,6 +323,16 @@ impl ProxyHttp for Gateway {
         response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        if response.status.is_informational() && response.status != StatusCode::SWITCHING_PROTOCOLS
+        {
+            // An interim answer (`100 Continue` to `Expect`) is not the request's response: it
+            // passes as the upstream sent it. pingora would take it for an answer written before
+            // the request's body was read and close the connection after the final response.
+            session.set_close_on_response_before_downstream_finish(false);
+            return Ok(());
+        }
+        // The final response: written before the body was read, it closes the connection.
+        session.set_close_on_response_before_downstream_finish(true);
         if let (Some(started), Some(route)) = (ctx.upstream_started, &ctx.route) {
             route
                 .upstream_duration
