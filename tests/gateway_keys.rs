@@ -127,6 +127,43 @@ async fn keys_list_shows_everything_but_the_key_and_the_store_holds_only_hashes(
     }
 }
 
+/// A request with two `Authorization` headers is refused, even when one of them (or both) holds
+/// a valid key: which one counts would be a guess, and a proxy in front may guess otherwise. It
+/// spends the address's budget like any bad key.
+#[tokio::test]
+async fn two_authorization_headers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "pro"]);
+    let other = stack.key(&["--plan", "pro"]);
+    let c = client();
+    for (first, second) in [(&key, &other), (&key, &key)] {
+        let r = c
+            .get(stack.url("/v1/pets"))
+            .header("authorization", format!("Bearer {first}"))
+            .header("authorization", format!("Bearer {second}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["ratelimit-policy"], "\"failed-auth\";q=60;w=60");
+        let body = assert_error(r, 401, "unauthorized").await;
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("one Authorization header"),
+            "{body}"
+        );
+    }
+    let r = stack.get(&c, "/v1/pets", &key).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["x-ratelimit-remaining"],
+        "299",
+        "nothing counted before"
+    );
+}
+
 #[tokio::test]
 async fn bad_keys_spend_the_address_budget_then_get_429() {
     let dir = tempfile::tempdir().unwrap();

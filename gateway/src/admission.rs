@@ -12,7 +12,7 @@ use pingora::Result;
 use pingora::http::RequestHeader;
 use pingora_proxy::Session;
 
-use crate::auth::{Budget, authorize};
+use crate::auth::{AuthFailure, Budget, authorize};
 use crate::config::MAX_HEADERS;
 use crate::cors::{self, CorsPolicy};
 use crate::errors::{GatewayError, respond};
@@ -145,11 +145,13 @@ impl Gateway {
         ip: IpAddr,
         ctx: &mut Ctx,
     ) -> std::result::Result<Arc<ActiveKey>, GatewayError> {
-        let authorization = request
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .map(HeaderValue::as_bytes);
-        let failure = match authorize(authorization, &self.keys.current(), ctx.now_ms) {
+        let mut authorization = request.headers.get_all(http::header::AUTHORIZATION).iter();
+        let first = authorization.next().map(HeaderValue::as_bytes);
+        let decided = match authorization.next() {
+            None => authorize(first, &self.keys.current(), ctx.now_ms),
+            Some(_) => Err(AuthFailure::Repeated),
+        };
+        let failure = match decided {
             Ok(key) => {
                 key.touch(ctx.now_ms);
                 return Ok(key);

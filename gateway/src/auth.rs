@@ -21,6 +21,9 @@ pub enum AuthFailure {
     Missing,
     /// Not `Bearer <token>`, or not valid text.
     Malformed,
+    /// More than one `Authorization` header: which one counts would be a guess, and a component
+    /// in front of the gateway may have guessed otherwise.
+    Repeated,
     /// A well-formed header whose key is unknown or revoked.
     UnknownKey,
     /// The key was valid and has expired.
@@ -32,7 +35,7 @@ impl AuthFailure {
     pub fn label(self) -> &'static str {
         match self {
             AuthFailure::Missing => "missing",
-            AuthFailure::Malformed => "malformed",
+            AuthFailure::Malformed | AuthFailure::Repeated => "malformed",
             AuthFailure::UnknownKey => "unknown_key",
             AuthFailure::Expired => "expired",
         }
@@ -43,6 +46,7 @@ impl AuthFailure {
         match self {
             AuthFailure::Missing => "an API key is required: send `Authorization: Bearer <key>`",
             AuthFailure::Malformed => "the Authorization header must be `Bearer <key>`",
+            AuthFailure::Repeated => "send one Authorization header, not several",
             AuthFailure::UnknownKey => "the API key is not valid or has been revoked",
             AuthFailure::Expired => "the API key has expired; ask for a new one",
         }

@@ -58,7 +58,7 @@ pub static BANS: Lazy<IntCounterVec> = Lazy::new(|| {
     )
 });
 
-/// Failed authentications, by reason (`missing`, `malformed`, `unknown_key`).
+/// Failed authentications, by reason (`missing`, `malformed`, `unknown_key`, `expired`).
 pub static AUTH_FAILURES: Lazy<IntCounterVec> = Lazy::new(|| {
     register(
         IntCounterVec::new(
