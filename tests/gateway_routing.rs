@@ -519,6 +519,56 @@ fn early_refusals_reach_a_client_that_writes_its_whole_body_first() {
     }
 }
 
+/// A refused request whose small body came with it (a POST with a bad key, here with a declared
+/// length and chunked) is answered with the connection kept open: the body is read and
+/// discarded first, as nginx does, so a client whose POSTs are refused does not reconnect for
+/// each refusal. The next request on the connection is served.
+#[test]
+fn refusals_of_small_bodies_keep_the_connection() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "business"]);
+    let body = r#"{"name":"Rex","categoryId":1}"#;
+    let framings = [
+        format!("Content-Length: {}\r\n\r\n{body}", body.len()),
+        format!(
+            "Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        ),
+    ];
+    for framing in framings {
+        let mut s = std::net::TcpStream::connect(stack.listen).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer as_0123456789abcdef_00\r\nContent-Type: application/json\r\n{framing}"
+        )
+        .unwrap();
+        let refused = read_head(&mut s);
+        assert!(refused.starts_with("HTTP/1.1 401 "), "{refused}");
+        assert!(refused.contains("Connection: keep-alive"), "{refused}");
+        let length: usize = refused
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length: ")
+                    .map(str::to_owned)
+            })
+            .expect("content-length")
+            .parse()
+            .unwrap();
+        s.read_exact(&mut vec![0; length]).unwrap();
+        write!(
+            s,
+            "GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+        )
+        .unwrap();
+        let listed = read_head(&mut s);
+        assert!(listed.starts_with("HTTP/1.1 200 "), "{framing}: {listed}");
+    }
+}
+
 /// A create sent with `Expect: 100-continue` (as curl and .NET send large bodies) gets the
 /// backend's `100 Continue` as it was sent, then its 201, and the connection stays open for the
 /// next request: the interim answer is not taken for one written before the body was read.

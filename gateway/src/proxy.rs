@@ -64,14 +64,23 @@ const LINGER_TIME: Duration = Duration::from_secs(5);
 /// ... and at most this many bytes; past it the connection is closed.
 const LINGER_BYTES: usize = 64 * 1024 * 1024;
 
-/// Reads and discards what is left of the request body, within [`LINGER_TIME`] and
-/// [`LINGER_BYTES`]; a body drained to its end leaves the connection reusable.
-async fn linger(session: &mut Session) {
-    let deadline = tokio::time::Instant::now() + LINGER_TIME;
+/// A refused request's body of at most this many bytes is read and discarded *before* the
+/// refusal is sent, so that the answer can keep the connection open (as nginx's discarding of
+/// a body does): a client whose POSTs are refused (401, 429) would otherwise open a new
+/// connection, and over HTTPS make a new handshake, for every refusal.
+const DISCARD_FIRST_BYTES: usize = 64 * 1024;
+/// ... if it has all arrived within this long; else the refusal goes out and the connection
+/// closes after it.
+const DISCARD_FIRST_TIME: Duration = Duration::from_secs(1);
+
+/// Reads and discards what is left of the request body, within `time` and `bytes`; a body
+/// drained to its end leaves the connection reusable, one that is not closes it.
+async fn discard_body(session: &mut Session, time: Duration, bytes: usize) {
+    let deadline = tokio::time::Instant::now() + time;
     let mut drained = 0;
     while !session.is_body_done() {
         match tokio::time::timeout_at(deadline, session.read_request_body()).await {
-            Ok(Ok(Some(chunk))) if drained + chunk.len() <= LINGER_BYTES => drained += chunk.len(),
+            Ok(Ok(Some(chunk))) if drained + chunk.len() <= bytes => drained += chunk.len(),
             Ok(Ok(None)) => return,
             _ => {
                 session.set_keepalive(None);
@@ -79,6 +88,34 @@ async fn linger(session: &mut Session) {
             }
         }
     }
+}
+
+/// Before a refusal: discards a small HTTP/1.1 request body ([`DISCARD_FIRST_BYTES`]) unless
+/// the client waits for `100 Continue` before sending it (it is then answered at once, and the
+/// connection closes).
+async fn discard_small_body(session: &mut Session) {
+    let request = session.req_header();
+    let declared = request
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let waits = request
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if waits
+        || session.is_http2()
+        || declared.is_some_and(|n| n > DISCARD_FIRST_BYTES)
+        || session.is_body_done()
+    {
+        return;
+    }
+    discard_body(session, DISCARD_FIRST_TIME, DISCARD_FIRST_BYTES).await;
+}
+
+/// After answering: the rest of the body, within [`LINGER_TIME`] and [`LINGER_BYTES`].
+async fn linger(session: &mut Session) {
+    discard_body(session, LINGER_TIME, LINGER_BYTES).await;
 }
 
 /// Per-request state, from the first phase to `logging`.
@@ -228,6 +265,7 @@ impl ProxyHttp for Gateway {
                 Ok(true)
             }
             Err(error) => {
+                discard_small_body(session).await;
                 respond(session, ctx, error).await?;
                 linger(session).await;
                 Ok(true)
