@@ -519,6 +519,110 @@ fn early_refusals_reach_a_client_that_writes_its_whole_body_first() {
     }
 }
 
+/// Requests pipelined on one connection (sent together, before any answer is read, as `wrk`
+/// with a pipelining script does) are all answered, in order, refusals among them.
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "business"]);
+    let get = |path: &str, key: &str, last: bool| {
+        let close = if last { "Connection: close\r\n" } else { "" };
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n{close}\r\n")
+    };
+    let pipelined = [
+        get("/v1/pets?limit=1", &key, false),
+        get("/v1/pets", "as_0123456789abcdef_00", false),
+        get("/v1/pets/12345", &key, false),
+        get("/v1/rate_limit", &key, true),
+    ]
+    .concat();
+    let answers = raw_answer(stack.listen, &pipelined);
+    let statuses: Vec<&str> = answers
+        .match_indices("HTTP/1.1 ")
+        .map(|(at, _)| &answers[at + 9..at + 12])
+        .collect();
+    assert_eq!(statuses, ["200", "401", "404", "200"], "{answers}");
+    let (_, last) = answers.rsplit_once("\r\n\r\n").unwrap();
+    let standing: Value = serde_json::from_str(last).unwrap();
+    assert_eq!(
+        standing["plan"], "business",
+        "the last answer is the last request's"
+    );
+
+    // Behind creates, their bodies of declared length and chunked.
+    let body = r#"{"name":"Rex","categoryId":1}"#;
+    let head = format!(
+        "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+    );
+    for framing in [
+        format!("Content-Length: {}\r\n\r\n{body}", body.len()),
+        format!(
+            "Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        ),
+    ] {
+        let create = format!("{head}{framing}");
+        let answers = raw_answer(
+            stack.listen,
+            &[
+                create,
+                get("/v1/pets", &key, false),
+                get("/v1/rate_limit", &key, true),
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            answers.matches("HTTP/1.1 ").count(),
+            3,
+            "{framing}: {answers}"
+        );
+        assert!(answers.starts_with("HTTP/1.1 201 "), "{answers}");
+        assert!(answers.contains("\"plan\":\"business\""), "{answers}");
+    }
+}
+
+/// A body holding blank lines (JSON allows them between tokens) is read whole, though reads stop
+/// at blank lines, and the next request on the connection is served.
+#[test]
+fn a_body_with_blank_lines_is_read_whole() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "business"]);
+    let body = "{\"name\":\"Rex\",\r\n\r\n\"categoryId\":\n\n1}";
+    let mut s = std::net::TcpStream::connect(stack.listen).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let created = read_head(&mut s);
+    assert!(created.starts_with("HTTP/1.1 201 "), "{created}");
+    let length: usize = created
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(str::to_owned)
+        })
+        .expect("content-length")
+        .parse()
+        .unwrap();
+    let mut pet = vec![0; length];
+    s.read_exact(&mut pet).unwrap();
+    assert!(String::from_utf8_lossy(&pet).contains("\"categoryId\":1"));
+    write!(
+        s,
+        "GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+    )
+    .unwrap();
+    let listed = read_head(&mut s);
+    assert!(listed.starts_with("HTTP/1.1 200 "), "{listed}");
+}
+
 /// A refused request whose small body came with it (a POST with a bad key, here with a declared
 /// length and chunked) is answered with the connection kept open: the body is read and
 /// discarded first, as nginx does, so a client whose POSTs are refused does not reconnect for

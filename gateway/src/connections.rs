@@ -6,7 +6,7 @@
 //! 100 KB per idle connection, for as long as the client keeps it open. [`Connections`] owns
 //! the keep-alive loop instead. Between requests a connection is only its socket, its small
 //! read buffer and a 430-byte task (the write buffer exists only while a response is written,
-//! [`crate::write_buffer`]): it waits until the client sends the next request (at most
+//! [`crate::client_stream`]): it waits until the client sends the next request (at most
 //! `gateway.keepalive_timeout_seconds`), and only then builds a session and hands it to the
 //! proxy. The request head must then be complete within `gateway.header_timeout_seconds`
 //! (nginx's `client_header_timeout`), or the connection is closed: a slow client cannot hold a
@@ -30,9 +30,9 @@ use pingora::protocols::{ALPN, Stream};
 use pingora::server::ShutdownWatch;
 use tokio::io::AsyncReadExt;
 
+use crate::client_stream::ClientStream;
 use crate::metrics;
 use crate::settings::Settings;
-use crate::write_buffer::WriteBuffered;
 
 thread_local! {
     /// Set by the proxy when it has a request head, during the poll that read it.
@@ -124,7 +124,7 @@ where
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         // The listeners leave writes unbuffered; responses are gathered here instead.
-        let stream = WriteBuffered::wrap(stream);
+        let stream = ClientStream::wrap(stream);
         // pingora's task for a connection is sized for a TLS handshake (about 8 KB) and lives as
         // long as the connection; a task of our own holds the connection in a few hundred bytes.
         if matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1)) {
@@ -153,7 +153,8 @@ where
         let mut persisted: Option<HttpPersistentSettings> = None;
         loop {
             // A connection that has sent nothing yet is as cheap as an idle one, so the first
-            // request gets the keep-alive timeout too.
+            // request gets the keep-alive timeout too. Pipelined requests are waiting in the
+            // stream's reads ([`crate::pipeline`]): they end the wait at once.
             let idle = self.live.load().keepalive_timeout;
             if let Idle::Close = await_request(&mut stream, idle, &mut shutdown).await {
                 return;
@@ -181,7 +182,13 @@ where
         let mut session = ServerSession::new_http1(stream);
         match persisted {
             Some(persisted) => persisted.apply_to_session(&mut session),
-            None => session.set_keepalive(Some(keepalive.as_secs())),
+            None => {
+                session.set_keepalive(Some(keepalive.as_secs()));
+                // While proxying, pingora reads one byte to see whether the client has gone; of
+                // a pipelined request, that byte is kept for the next request on the connection
+                // instead of failing this one (the setting carries over).
+                session.set_pipelining_enabled(true);
+            }
         }
         if *shutdown.borrow() {
             session.set_keepalive(None);

@@ -11,6 +11,7 @@ pub mod admission;
 pub mod auth;
 pub mod bans;
 pub mod client;
+pub mod client_stream;
 pub mod config;
 pub mod connections;
 pub mod cors;
@@ -23,6 +24,7 @@ pub mod keys;
 pub mod limits;
 pub mod metrics;
 pub mod pages;
+pub mod pipeline;
 pub mod plans;
 pub mod proxy;
 pub mod redis_conn;
@@ -32,7 +34,6 @@ pub mod routes;
 pub mod settings;
 pub mod store;
 pub mod tls;
-pub mod write_buffer;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -175,7 +176,7 @@ pub fn run(
     // pingora's default 64 KiB read buffer would stay resident in every idle connection; the
     // HTTP/1 parser reads the head into its own buffer, so plain HTTP needs only a small one.
     // Writes are buffered above the transport, only while a response is written
-    // ([`write_buffer`]).
+    // ([`client_stream`]).
     public.add_listener(
         ListenerConfig::tcp(settings.listen.to_string())
             .l4_buffer(L4BufferSettings::new(PLAIN_READ_BUFFER, 0)),

@@ -1,9 +1,11 @@
-//! A client connection's write buffer that exists only while a response is being written.
+//! A client connection's transport as the gateway uses it: writes gathered in a buffer that
+//! exists only while a response is being written, and reads cut at the end of each HTTP/1.1
+//! request head ([`crate::pipeline`]).
 //!
 //! A response's head and body are written separately; buffered, they leave in one system call
 //! (and over TLS in one record). pingora's transport has such a buffer, but it is allocated with
 //! the connection and kept for as long as the connection lives: 1,460 bytes in every idle
-//! keep-alive connection, 14 MiB for 10,000 of them. [`WriteBuffered`] coalesces the writes
+//! keep-alive connection, 14 MiB for 10,000 of them. [`ClientStream`] coalesces the writes
 //! above the transport instead, in a buffer taken when a response's first bytes are written and
 //! given back when they are flushed, so a connection waiting for its next request holds none.
 //! The listeners turn the transport's own write buffer off.
@@ -23,27 +25,34 @@ use pingora::protocols::{
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+use crate::pipeline::Heads;
+
 /// How much of a response is gathered before it is written: a head and a page of pets. Larger
 /// writes go straight through.
 pub const CAPACITY: usize = 4096;
 
 /// `inner` with its writes gathered in a buffer that lives from a response's first write to its
-/// flush.
+/// flush, and on HTTP/1 its reads cut at request heads.
 #[derive(Debug)]
-pub struct WriteBuffered {
+pub struct ClientStream {
     inner: Stream,
     buf: Vec<u8>,
     /// How much of `buf` has been written to `inner`.
     written: usize,
+    /// On an HTTP/1 connection, the requests read behind the one being served.
+    heads: Option<Heads>,
 }
 
-impl WriteBuffered {
-    /// Buffers the writes to `inner`, whose own write buffer should be off.
+impl ClientStream {
+    /// Buffers the writes to `inner`, whose own write buffer should be off; over HTTP/1 (no
+    /// ALPN, or `http/1.1`), cuts its reads at request heads.
     pub fn wrap(inner: Stream) -> Stream {
-        Box::new(WriteBuffered {
+        let http1 = matches!(inner.selected_alpn_proto(), None | Some(ALPN::H1));
+        Box::new(ClientStream {
             inner,
             buf: Vec::new(),
             written: 0,
+            heads: http1.then(Heads::default),
         })
     }
 
@@ -62,7 +71,7 @@ impl WriteBuffered {
     }
 }
 
-impl AsyncWrite for WriteBuffered {
+impl AsyncWrite for ClientStream {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -93,18 +102,30 @@ impl AsyncWrite for WriteBuffered {
     }
 }
 
-impl AsyncRead for WriteBuffered {
+impl AsyncRead for ClientStream {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let this = &mut *self;
+        let Some(heads) = &mut this.heads else {
+            return Pin::new(&mut this.inner).poll_read(cx, buf);
+        };
+        // Held bytes are a request waiting: a zero-length read (the keep-alive loop's) is ready.
+        if heads.waiting() {
+            heads.deliver(buf);
+            return Poll::Ready(Ok(()));
+        }
+        let start = buf.filled().len();
+        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        heads.after_read(buf, start);
+        Poll::Ready(Ok(()))
     }
 }
 
 #[async_trait]
-impl Shutdown for WriteBuffered {
+impl Shutdown for ClientStream {
     async fn shutdown(&mut self) {
         // As pingora's transports do: a failure to say goodbye is not worth reporting.
         if self.flush().await.is_ok() {
@@ -113,13 +134,13 @@ impl Shutdown for WriteBuffered {
     }
 }
 
-impl UniqueID for WriteBuffered {
+impl UniqueID for ClientStream {
     fn id(&self) -> UniqueIDType {
         self.inner.id()
     }
 }
 
-impl Ssl for WriteBuffered {
+impl Ssl for ClientStream {
     fn get_ssl(&self) -> Option<&TlsRef> {
         self.inner.get_ssl()
     }
@@ -133,7 +154,7 @@ impl Ssl for WriteBuffered {
     }
 }
 
-impl GetTimingDigest for WriteBuffered {
+impl GetTimingDigest for ClientStream {
     fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
         self.inner.get_timing_digest()
     }
@@ -147,7 +168,7 @@ impl GetTimingDigest for WriteBuffered {
     }
 }
 
-impl GetProxyDigest for WriteBuffered {
+impl GetProxyDigest for ClientStream {
     fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
         self.inner.get_proxy_digest()
     }
@@ -157,7 +178,7 @@ impl GetProxyDigest for WriteBuffered {
     }
 }
 
-impl GetSocketDigest for WriteBuffered {
+impl GetSocketDigest for ClientStream {
     fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
         self.inner.get_socket_digest()
     }
@@ -168,7 +189,7 @@ impl GetSocketDigest for WriteBuffered {
 }
 
 #[async_trait]
-impl Peek for WriteBuffered {
+impl Peek for ClientStream {
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         self.inner.try_peek(buf).await
     }
@@ -182,12 +203,13 @@ mod tests {
 
     use super::*;
 
-    fn buffered() -> (WriteBuffered, DuplexStream) {
+    fn buffered() -> (ClientStream, DuplexStream) {
         let (ours, theirs) = duplex(64 * 1024);
-        let stream = WriteBuffered {
+        let stream = ClientStream {
             inner: Box::new(ours),
             buf: Vec::new(),
             written: 0,
+            heads: None,
         };
         (stream, theirs)
     }
