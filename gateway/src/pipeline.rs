@@ -18,7 +18,10 @@
 //! A head's end is a blank line: a line feed, then an optional carriage return and a line feed.
 //! That covers `\r\n\r\n` and the bare line feeds pingora's parser also accepts.
 
+use std::sync::LazyLock;
+
 use bytes::{Buf, Bytes};
+use memchr::memmem::Finder;
 use tokio::io::ReadBuf;
 
 /// One client connection's reads, cut at the ends of request heads.
@@ -68,29 +71,35 @@ enum Blank {
     Return,
 }
 
+/// A blank line after a line that ends in a carriage return and a line feed, or in a bare one.
+static BLANK_AFTER_CRLF: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\n\r\n"));
+/// A blank line of a bare line feed.
+static BLANK_AFTER_LF: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\n\n"));
+
 /// How many of `bytes` to deliver: up to the end of the first blank line, or all of them.
 /// `state` is where the bytes delivered before them left off, and becomes where the delivered
 /// ones leave off.
 fn cut(state: &mut Blank, bytes: &[u8]) -> usize {
-    // Only line feeds can end a blank line; the bytes between them only say whether one starts.
-    let mut from = 0;
-    let mut at = *state;
-    for lf in memchr::memchr_iter(b'\n', bytes) {
-        let between = &bytes[from..lf];
-        let ends = matches!(
-            (at, between),
-            (Blank::LineFeed | Blank::Return, []) | (Blank::LineFeed, [b'\r'])
-        );
-        if ends {
-            *state = Blank::Outside;
-            return lf + 1;
-        }
-        at = Blank::LineFeed;
-        from = lf + 1;
+    // A blank line begun by the bytes delivered before.
+    let carried = match (*state, bytes) {
+        (Blank::LineFeed | Blank::Return, [b'\n', ..]) => Some(1),
+        (Blank::LineFeed, [b'\r', b'\n', ..]) => Some(2),
+        _ => None,
+    };
+    let end = carried.or_else(|| {
+        let crlf = BLANK_AFTER_CRLF.find(bytes).map(|at| at + 3);
+        let lf = BLANK_AFTER_LF.find(bytes).map(|at| at + 2);
+        crlf.into_iter().chain(lf).min()
+    });
+    if let Some(end) = end {
+        *state = Blank::Outside;
+        return end;
     }
-    *state = match (at, &bytes[from..]) {
-        (at, []) => at,
-        (Blank::LineFeed, [b'\r']) => Blank::Return,
+    // No blank line ends in them: how much of one they end with.
+    *state = match (*state, bytes) {
+        (_, [.., b'\n']) => Blank::LineFeed,
+        (_, [.., b'\n', b'\r']) | (Blank::LineFeed, [b'\r']) => Blank::Return,
+        (unchanged, []) => unchanged,
         _ => Blank::Outside,
     };
     bytes.len()
