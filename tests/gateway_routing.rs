@@ -586,7 +586,7 @@ fn pipelined_requests_are_answered_in_order() {
 /// at blank lines, and the next request on the connection is served.
 #[test]
 fn a_body_with_blank_lines_is_read_whole() {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let stack = Stack::start(dir.path());
     let key = stack.key(&["--plan", "business"]);
@@ -599,28 +599,10 @@ fn a_body_with_blank_lines_is_read_whole() {
         body.len()
     )
     .unwrap();
-    let created = read_head(&mut s);
+    let (created, pet) = read_response(&mut s);
     assert!(created.starts_with("HTTP/1.1 201 "), "{created}");
-    let length: usize = created
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length: ")
-                .map(str::to_owned)
-        })
-        .expect("content-length")
-        .parse()
-        .unwrap();
-    let mut pet = vec![0; length];
-    s.read_exact(&mut pet).unwrap();
-    assert!(String::from_utf8_lossy(&pet).contains("\"categoryId\":1"));
-    write!(
-        s,
-        "GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
-    )
-    .unwrap();
-    let listed = read_head(&mut s);
-    assert!(listed.starts_with("HTTP/1.1 200 "), "{listed}");
+    assert!(pet.contains("\"categoryId\":1"), "{pet}");
+    assert_next_request_served(&mut s, &key);
 }
 
 /// A refused request whose small body came with it (a POST with a bad key, here with a declared
@@ -629,7 +611,7 @@ fn a_body_with_blank_lines_is_read_whole() {
 /// each refusal. The next request on the connection is served.
 #[test]
 fn refusals_of_small_bodies_keep_the_connection() {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let stack = Stack::start(dir.path());
     let key = stack.key(&["--plan", "business"]);
@@ -649,27 +631,10 @@ fn refusals_of_small_bodies_keep_the_connection() {
             "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer as_0123456789abcdef_00\r\nContent-Type: application/json\r\n{framing}"
         )
         .unwrap();
-        let refused = read_head(&mut s);
+        let (refused, _) = read_response(&mut s);
         assert!(refused.starts_with("HTTP/1.1 401 "), "{refused}");
         assert!(refused.contains("Connection: keep-alive"), "{refused}");
-        let length: usize = refused
-            .lines()
-            .find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-length: ")
-                    .map(str::to_owned)
-            })
-            .expect("content-length")
-            .parse()
-            .unwrap();
-        s.read_exact(&mut vec![0; length]).unwrap();
-        write!(
-            s,
-            "GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
-        )
-        .unwrap();
-        let listed = read_head(&mut s);
-        assert!(listed.starts_with("HTTP/1.1 200 "), "{framing}: {listed}");
+        assert_next_request_served(&mut s, &key);
     }
 }
 
@@ -702,27 +667,9 @@ fn a_request_expecting_100_continue_keeps_its_connection() {
     assert!(created.starts_with("HTTP/1.1 201 "), "{created}");
     assert!(created.contains("X-RateLimit-Remaining: "), "{created}");
     assert!(created.contains("Connection: keep-alive"), "{created}");
-    let length: usize = created
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .strip_prefix("content-length: ")
-                .map(str::to_owned)
-        })
-        .expect("content-length")
-        .parse()
-        .unwrap();
-    let mut pet = vec![0; length];
-    std::io::Read::read_exact(&mut s, &mut pet).unwrap();
-    assert!(String::from_utf8_lossy(&pet).contains("\"Rex\""));
-    // The same connection serves the next request.
-    write!(
-        s,
-        "GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
-    )
-    .unwrap();
-    let listed = read_head(&mut s);
-    assert!(listed.starts_with("HTTP/1.1 200 "), "{listed}");
+    let pet = read_body(&mut s, &created);
+    assert!(pet.contains("\"Rex\""), "{pet}");
+    assert_next_request_served(&mut s, &key);
 }
 
 /// A response head read from `s` up to its blank line, byte by byte so nothing after it is
@@ -741,6 +688,43 @@ fn read_head(s: &mut std::net::TcpStream) -> String {
         }
     }
     String::from_utf8(head).unwrap()
+}
+
+/// A response read from `s`: its head and its body (of the length the head declares).
+fn read_response(s: &mut std::net::TcpStream) -> (String, String) {
+    let head = read_head(s);
+    let body = read_body(s, &head);
+    (head, body)
+}
+
+/// The body of the response whose `head` was read from `s`.
+fn read_body(s: &mut std::net::TcpStream, head: &str) -> String {
+    use std::io::Read;
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(str::to_owned)
+        })
+        .expect("content-length")
+        .parse()
+        .unwrap();
+    let mut body = vec![0; length];
+    s.read_exact(&mut body).unwrap();
+    String::from_utf8(body).unwrap()
+}
+
+/// The connection `s` serves a next request with `key`.
+fn assert_next_request_served(s: &mut std::net::TcpStream, key: &str) {
+    use std::io::Write;
+    write!(
+        s,
+        "GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+    )
+    .unwrap();
+    let listed = read_head(s);
+    assert!(listed.starts_with("HTTP/1.1 200 "), "{listed}");
 }
 
 /// A keep-alive client connection idle for `gateway.keepalive_timeout_seconds` is closed, as
