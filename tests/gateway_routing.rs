@@ -636,6 +636,24 @@ fn refusals_of_small_bodies_keep_the_connection() {
         assert!(refused.contains("Connection: keep-alive"), "{refused}");
         assert_next_request_served(&mut s, &key);
     }
+    // A client waiting for `100 Continue` before it sends its body is refused at once, not
+    // after the gateway has waited the second a body may take to arrive.
+    let mut s = std::net::TcpStream::connect(stack.listen).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let asked = Instant::now();
+    write!(
+        s,
+        "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer as_0123456789abcdef_00\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    let refused = read_head(&mut s);
+    let waited = asked.elapsed();
+    assert!(refused.starts_with("HTTP/1.1 401 "), "{refused}");
+    assert!(
+        waited < Duration::from_millis(900),
+        "answered after {waited:?}"
+    );
 }
 
 /// A create sent with `Expect: 100-continue` (as curl and .NET send large bodies) gets the

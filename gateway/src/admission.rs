@@ -102,14 +102,7 @@ impl Gateway {
             ));
         }
         ctx.route = Some(route);
-        let declared = session
-            .req_header()
-            .headers
-            .get(http::header::CONTENT_LENGTH);
-        let declared = declared
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > settings.max_body_bytes) {
+        if declared_length(session.req_header()).is_some_and(|len| len > settings.max_body_bytes) {
             return Err(too_large(&settings));
         }
         Ok(Admission::Forward)
@@ -282,4 +275,10 @@ fn too_large(settings: &Settings) -> GatewayError {
             settings.max_body_bytes
         ),
     )
+}
+
+/// The body length `request` declares (`Content-Length`), if it declares one that parses.
+pub(crate) fn declared_length(request: &RequestHeader) -> Option<u64> {
+    let value = request.headers.get(http::header::CONTENT_LENGTH)?;
+    value.to_str().ok()?.parse().ok()
 }

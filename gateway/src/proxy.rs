@@ -32,11 +32,12 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
+use pingora::protocols::http::v1::common::is_expect_continue_req;
 use pingora::{Error, ErrorType, OrErr, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::access_log::{self, AccessLog};
-use crate::admission::Admission;
+use crate::admission::{Admission, declared_length};
 use crate::auth::FailureBudget;
 use crate::client::TrustedProxies;
 use crate::deprecation::Deprecation;
@@ -94,19 +95,12 @@ async fn discard_body(session: &mut Session, time: Duration, bytes: usize) {
 /// the client waits for `100 Continue` before sending it (it is then answered at once, and the
 /// connection closes).
 async fn discard_small_body(session: &mut Session) {
+    if session.is_body_done() || session.is_http2() {
+        return;
+    }
     let request = session.req_header();
-    let declared = request
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    let waits = request
-        .headers
-        .get(http::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    if waits
-        || session.is_http2()
-        || declared.is_some_and(|n| n > DISCARD_FIRST_BYTES)
-        || session.is_body_done()
+    if is_expect_continue_req(request)
+        || declared_length(request).is_some_and(|n| n > DISCARD_FIRST_BYTES as u64)
     {
         return;
     }
