@@ -94,13 +94,30 @@ async fn the_deprecation_link_points_at_get_pet_on_the_docs_page() {
     let dir = tempfile::tempdir().unwrap();
     let stack = Stack::start_with(dir.path(), &shipped_config());
     let key = stack.key(&["--plan", "pro"]);
-    let r = stack.get(&client(), "/v1/pets/1", &key).await;
-    let links = links(&r);
-    let want = format!(
-        "<http://{}/v1/docs#/pets/getpet>; rel=\"deprecation\"",
-        stack.listen
+    let c = client();
+    let r = stack.get(&c, "/v1/pets/1", &key).await;
+    let got = links(&r);
+    // Relative, so it resolves against the URL the client used, on either listener.
+    let link = "</v1/docs#/pets/getpet>; rel=\"deprecation\"";
+    assert!(got.contains(&link), "{got:?}");
+    let docs = c.get(stack.url("/v1/docs")).send().await.unwrap();
+    assert_eq!(docs.status(), 200);
+    assert!(docs.text().await.unwrap().contains("<html"));
+
+    // With the address clients use configured, the link is absolute on it.
+    let other = tempfile::tempdir().unwrap();
+    let config = std::fs::read_to_string(shipped_config()).unwrap().replace(
+        "# public_url = \"https://api.example.com\"",
+        "public_url = \"https://api.example.com/\"",
     );
-    assert!(links.contains(&want.as_str()), "{links:?}");
+    let config_path = other.path().join("public-url.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let stack = Stack::start_with(other.path(), &config_path);
+    let key = stack.key(&["--plan", "pro"]);
+    let r = stack.get(&c, "/v1/pets/1", &key).await;
+    let got = links(&r);
+    let link = "<https://api.example.com/v1/docs#/pets/getpet>; rel=\"deprecation\"";
+    assert!(got.contains(&link), "{got:?}");
 }
 
 /// A page served on `bind` (its own origin) that calls the gateway with `fetch` and writes

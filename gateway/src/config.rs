@@ -96,9 +96,10 @@ pub struct GatewayConfig {
     pub header_case: HeaderCase,
     /// Load balancers (CIDRs) whose `X-Forwarded-For` is believed; empty: none.
     pub trusted_proxies: Vec<String>,
-    /// The address clients use for this API, e.g. `https://api.example.com`; links the gateway
-    /// writes (a deprecation's documentation, the docs page) are built from it, so they are
-    /// right behind a load balancer or a TLS terminator. Unset: `http://<listen>`.
+    /// The address clients use for this API, e.g. `https://api.example.com`. When set, the links
+    /// the gateway writes (a deprecation's documentation) are absolute on it; unset, they are
+    /// relative, so they resolve against whatever address and scheme the client used. The
+    /// first-run message shows it (unset: `http://<listen>`).
     pub public_url: Option<String>,
 }
 
@@ -271,7 +272,8 @@ pub struct DeprecationConfig {
     /// The operation that replaces it, for `Link: rel="successor-version"`.
     pub successor: Option<String>,
     /// Documentation of the deprecation, for `Link: rel="deprecation"`; a path such as
-    /// `/v1/docs#operation/getPet` is made absolute with `gateway.public_url`.
+    /// `/v1/docs#/pets/getpet` is made absolute with `gateway.public_url` when that is set, and
+    /// is otherwise sent as it is (relative to the request's own URL).
     pub documentation: Option<String>,
     /// `gone` (answer 410 after the sunset, the default) or `forward`.
     #[serde(default = "default_after_sunset")]

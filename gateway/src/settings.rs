@@ -63,7 +63,8 @@ pub struct Settings {
     pub tls: Option<(SocketAddr, TlsFiles)>,
     /// CORS outside any route's own (`/v1/rate_limit`, the pages, unrouted paths).
     pub cors: Option<Arc<CorsPolicy>>,
-    /// The API's public address, without a trailing slash.
+    /// The API's public address, without a trailing slash (`http://<listen>` when not
+    /// configured), for messages; links use it only when it is configured.
     pub public_url: String,
     /// The access log's format, or off.
     pub access_log: AccessLog,
@@ -147,10 +148,18 @@ impl Settings {
                 ));
             }
         };
+        // Links the gateway writes are relative unless the address clients use is configured:
+        // a relative link resolves against the request's own URL (RFC 8288, section 3.1), so it
+        // is right on the plain and the TLS listener alike.
+        let link_base = if config.public_url.is_some() {
+            public_url.as_str()
+        } else {
+            ""
+        };
         let mut routes = Vec::with_capacity(config.routes.len());
         for (i, route) in config.routes.iter().enumerate() {
             routes.push(
-                route_settings(config, route, backend, &public_url, cors.as_ref())
+                route_settings(config, route, backend, link_base, cors.as_ref())
                     .map_err(|e| format!("gateway.routes[{i}]{e}"))?,
             );
         }
@@ -204,7 +213,7 @@ fn route_settings(
     config: &GatewayConfig,
     route: &RouteConfig,
     backend: SocketAddr,
-    public_url: &str,
+    link_base: &str,
     cors: Option<&Arc<CorsPolicy>>,
 ) -> Result<Route, String> {
     let prefix = &route.prefix;
@@ -276,7 +285,7 @@ fn route_settings(
                 .as_deref()
                 .map(|doc| {
                     if doc.starts_with('/') {
-                        format!("{public_url}{doc}")
+                        format!("{link_base}{doc}")
                     } else {
                         doc.to_owned()
                     }
