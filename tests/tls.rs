@@ -175,6 +175,28 @@ fn plain_http_sent_to_the_tls_port_is_refused_at_once() {
     );
 }
 
+#[tokio::test]
+async fn an_unparsable_request_over_https_gets_the_contract_error() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let (_stack, tls) = tls_stack(dir.path(), &cert, &key);
+    let mut s = ca.connect_http1(tls).await;
+    s.write_all(b"NONSENSE\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
+    assert!(head.contains("Content-Type: application/json"), "{head}");
+    let error: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(error["code"], "invalid_request");
+}
+
 #[test]
 fn unusable_certificates_are_clear_errors_at_start_and_in_check_config() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,10 +9,17 @@
 //! above the transport instead, in a buffer taken when a response's first bytes are written and
 //! given back when they are flushed, so a connection waiting for its next request holds none.
 //! The listeners turn the transport's own write buffer off.
+//!
+//! pingora answers a request it cannot parse (or a `CONNECT`) itself, with a bare `400` (`405`)
+//! and no body, before any hook of the gateway runs. On HTTP/1 connections the stream knows
+//! whether the gateway has the request being served ([`ClientStream::expect_request`],
+//! [`ClientStream::mark_answering`]); a response that starts while it does not is pingora's own,
+//! and is replaced with the contract's JSON error ([`crate::errors::refusal_before_proxy`]).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -25,6 +32,7 @@ use pingora::protocols::{
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+use crate::errors;
 use crate::pipeline::Heads;
 
 /// How much of a response is gathered before it is written: a head and a page of pets. Larger
@@ -41,7 +49,17 @@ pub struct ClientStream {
     written: usize,
     /// On an HTTP/1 connection, the requests read behind the one being served.
     heads: Option<Heads>,
+    /// Who answers the request being served: [`GATEWAY`], [`PINGORA`] until the gateway's proxy
+    /// has it, or [`REPLACED`] once pingora's own answer has been replaced.
+    answering: AtomicU8,
 }
+
+/// The gateway's proxy has the request (and every connection it does not drive, e.g. HTTP/2).
+const GATEWAY: u8 = 0;
+/// A request is being read, and only pingora has seen it.
+const PINGORA: u8 = 1;
+/// pingora's answer was replaced by the gateway's: what pingora writes after it is dropped.
+const REPLACED: u8 = 2;
 
 impl ClientStream {
     /// Buffers the writes to `inner`, whose own write buffer should be off; over HTTP/1 (no
@@ -53,7 +71,44 @@ impl ClientStream {
             buf: Vec::new(),
             written: 0,
             heads: http1.then(Heads::default),
+            answering: AtomicU8::new(GATEWAY),
         })
+    }
+
+    /// A new request is about to be read on `stream` (the keep-alive loop's call): until the
+    /// gateway's proxy has it, an answer is pingora's own.
+    pub fn expect_request(stream: &Stream) {
+        if let Some(stream) = stream.as_any().downcast_ref::<ClientStream>() {
+            stream.answering.store(PINGORA, Ordering::Relaxed);
+        }
+    }
+
+    /// The gateway's proxy has the request being served on `stream` (its first hook's call).
+    pub fn mark_answering(stream: &Stream) {
+        if let Some(stream) = stream.as_any().downcast_ref::<ClientStream>() {
+            stream.answering.store(GATEWAY, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the first write of a response that only pingora has seen the request of: its
+    /// status line says which refusal it is, and the gateway's version of it is gathered instead.
+    /// Whatever pingora writes after it (its empty body) is dropped.
+    fn replace_refusal(&mut self, data: &[u8]) {
+        let state = self.answering.get_mut();
+        if *state == PINGORA {
+            let status = data
+                .get(9..12)
+                .filter(|_| data.starts_with(b"HTTP/1."))
+                .and_then(|digits| std::str::from_utf8(digits).ok()?.parse().ok());
+            match status.and_then(errors::refusal_before_proxy) {
+                Some(response) => {
+                    self.buf = response;
+                    *state = REPLACED;
+                }
+                // Not a refusal pingora makes before the proxy: let it through.
+                None => *state = GATEWAY,
+            }
+        }
     }
 
     /// Writes what is buffered to `inner`, then gives the buffer back.
@@ -78,6 +133,12 @@ impl AsyncWrite for ClientStream {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
+        if *this.answering.get_mut() != GATEWAY {
+            this.replace_refusal(data);
+            if *this.answering.get_mut() == REPLACED {
+                return Poll::Ready(Ok(data.len()));
+            }
+        }
         if this.buf.len() + data.len() > CAPACITY {
             ready!(this.poll_write_out(cx))?;
         }
@@ -210,6 +271,7 @@ mod tests {
             buf: Vec::new(),
             written: 0,
             heads: None,
+            answering: AtomicU8::new(GATEWAY),
         };
         (stream, theirs)
     }
@@ -257,6 +319,31 @@ mod tests {
         assert_eq!(&got[..4], b"head");
         assert_eq!(&got[4..4 + body.len()], &body[..]);
         assert_eq!(&got[4 + body.len()..], b"tail");
+    }
+
+    #[tokio::test]
+    async fn pingora_refusals_are_replaced_until_the_proxy_has_the_request() {
+        let (mut stream, mut peer) = buffered();
+        *stream.answering.get_mut() = PINGORA;
+        stream
+            .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        stream.flush().await.unwrap();
+        let got = String::from_utf8(received(&mut peer).await).unwrap();
+        assert!(got.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{got}");
+        assert!(got.ends_with(r#""code":"invalid_request","message":"the request is not valid HTTP/1.1: its request line or a header cannot be parsed, or its headers are too large","status":400}"#), "{got}");
+
+        // Once the proxy has the request, its 400 is its own.
+        let (mut stream, mut peer) = buffered();
+        *stream.answering.get_mut() = PINGORA;
+        let own = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\n\r\n{}";
+        let boxed: Stream = Box::new(stream);
+        ClientStream::mark_answering(&boxed);
+        let mut stream = boxed;
+        stream.write_all(own).await.unwrap();
+        stream.flush().await.unwrap();
+        assert_eq!(received(&mut peer).await, own);
     }
 
     #[tokio::test]

@@ -179,6 +179,8 @@ where
             let settings = self.live.load();
             (settings.keepalive_timeout, settings.header_timeout)
         };
+        // Until the proxy has the request, an answer on the stream is pingora's own refusal.
+        ClientStream::expect_request(&stream);
         let mut session = ServerSession::new_http1(stream);
         match persisted {
             Some(persisted) => persisted.apply_to_session(&mut session),

@@ -7,8 +7,9 @@ use pingora::http::ResponseHeader;
 use pingora::{Error, ErrorSource, ErrorType};
 use pingora_proxy::Session;
 
-use crate::headers;
 use crate::proxy::Ctx;
+use crate::request_id::RequestId;
+use crate::{headers, metrics};
 
 /// An answer the gateway gives itself instead of (or after failing at) forwarding.
 #[derive(Debug, Clone)]
@@ -115,4 +116,56 @@ pub async fn send(
         .write_response_header(Box::new(response), false)
         .await?;
     session.write_response_body(Some(body), true).await
+}
+
+/// The whole HTTP/1.1 response that replaces pingora's bare answer to a request it refused
+/// before the gateway saw it (see [`crate::client_stream`]): for pingora's `400`, a request that
+/// is not valid HTTP/1.1, `400 invalid_request`; for its `405`, a `CONNECT`, `405
+/// method_not_allowed` with an empty `Allow` (an authority has no methods). Any other status is
+/// not one of those answers: `None`. The connection closes after it, as pingora's did, and the
+/// response is counted in `gateway_responses_total` (route `none`).
+pub fn refusal_before_proxy(status: u16) -> Option<Vec<u8>> {
+    let (error, allow) = match status {
+        400 => (
+            GatewayError::new(
+                ErrorCode::InvalidRequest,
+                "the request is not valid HTTP/1.1: its request line or a header cannot be \
+                 parsed, or its headers are too large",
+            ),
+            "",
+        ),
+        405 => (
+            GatewayError::new(
+                ErrorCode::MethodNotAllowed,
+                "CONNECT is not supported: the gateway is not a forward proxy",
+            ),
+            "Allow: \r\n",
+        ),
+        _ => return None,
+    };
+    metrics::RESPONSES
+        .with_label_values(&[
+            "none",
+            "other",
+            metrics::status_label(status),
+            error.code.as_str(),
+        ])
+        .inc();
+    let body = ErrorBody::new(error.code, error.message).to_json();
+    let reason = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or_default();
+    let date = pingora::protocols::http::date::get_cached_date();
+    let mut response = format!(
+        "HTTP/1.1 {status} {reason}\r\n{allow}Content-Type: {JSON_CONTENT_TYPE}\r\n\
+         Content-Length: {}\r\nX-Request-Id: {}\r\nDate: ",
+        body.len(),
+        RequestId::next(),
+    )
+    .into_bytes();
+    response.extend_from_slice(date.as_bytes());
+    response.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+    response.extend_from_slice(&body);
+    Some(response)
 }

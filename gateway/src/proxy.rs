@@ -40,6 +40,7 @@ use crate::access_log::{self, AccessLog};
 use crate::admission::{Admission, declared_length};
 use crate::auth::FailureBudget;
 use crate::client::TrustedProxies;
+use crate::client_stream::ClientStream;
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, respond};
 use crate::headers::{self, RateHeaders, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID};
@@ -222,6 +223,10 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        // From here on the gateway answers this request (see `client_stream`).
+        if let Some(stream) = session.stream() {
+            ClientStream::mark_answering(stream);
+        }
         // HTTP/1.1 keep-alive is unbounded in pingora: close idle clients as nginx does (over
         // TLS; plain connections are timed by `connections`). Off stays off: `Connection:
         // close` and HTTP/1.0 without keep-alive.
