@@ -330,10 +330,10 @@ async fn unknown_paths_and_methods() {
         assert_error(r, 404, "not_found").await;
     }
     for (method, path, allow) in [
-        (reqwest::Method::DELETE, "/v1/pets", "GET, POST"),
-        (reqwest::Method::PUT, "/v1/pets", "GET, POST"),
-        (reqwest::Method::DELETE, "/v1/pets/1", "GET"),
-        (reqwest::Method::POST, "/v1/pets/1", "GET"),
+        (reqwest::Method::DELETE, "/v1/pets", "GET, HEAD, POST"),
+        (reqwest::Method::PUT, "/v1/pets", "GET, HEAD, POST"),
+        (reqwest::Method::DELETE, "/v1/pets/1", "GET, HEAD"),
+        (reqwest::Method::POST, "/v1/pets/1", "GET, HEAD"),
     ] {
         let r = c.request(method.clone(), b.url(path)).send().await.unwrap();
         assert_eq!(r.headers()["allow"], allow, "{method} {path}");

@@ -122,7 +122,7 @@ async fn rate_limit_tells_where_a_key_stands_and_counts_nothing() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.headers()["allow"], "GET");
+    assert_eq!(r.headers()["allow"], "GET, HEAD");
     assert_error(r, 405, "method_not_allowed").await;
     let (_, body) = standing(&stack, &c, &key).await;
     assert_eq!(body["minute"]["remaining"], 297, "none of that was counted");

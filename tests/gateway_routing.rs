@@ -559,7 +559,7 @@ fn requests_the_parser_refuses_get_the_contract_error() {
     assert_eq!(status, 405);
     assert_eq!(
         header(&headers, "allow"),
-        Some("GET, POST"),
+        Some("GET, HEAD, POST"),
         "the backend's own 405"
     );
     let (status, _, _) = raw_http(stack.listen, format!("{get}{}", close(&get)).as_bytes());

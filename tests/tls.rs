@@ -153,6 +153,72 @@ async fn https_over_http2_and_http1_answers_exactly_as_plain_http() {
     assert_eq!(h1, plain, "HTTP/1.1 over TLS");
 }
 
+/// HEAD is answered as GET would be, head only, by the gateway's own pages and errors and by
+/// the upstream alike, over plain HTTP, HTTPS/1.1 and HTTP/2 (where a body after HEAD would be
+/// a protocol error).
+#[tokio::test]
+async fn head_gets_the_head_of_get_and_no_body_over_every_protocol() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let (stack, tls) = tls_stack(dir.path(), &cert, &key);
+    let api_key = stack.key(&["--plan", "pro"]);
+    let https = format!("https://localhost:{}", tls.port());
+    let plain = format!("http://{}", stack.listen);
+    let created = client()
+        .post(format!("{plain}/v1/pets"))
+        .bearer_auth(&api_key)
+        .json(&serde_json::json!({"name": "Rex", "categoryId": 1}))
+        .send()
+        .await
+        .unwrap();
+    let pet = created.headers()["location"].to_str().unwrap().to_owned();
+    let protocols = [
+        (client(), plain.as_str(), Version::HTTP_11),
+        (ca.client(true), https.as_str(), Version::HTTP_11),
+        (ca.client(false), https.as_str(), Version::HTTP_2),
+    ];
+    for (c, base, version) in &protocols {
+        for (path, with_key, status) in [
+            ("/v1/pets", true, 200),
+            (pet.as_str(), true, 200),
+            ("/v1/pets/424242", true, 404),
+            ("/v1/docs", false, 200),
+            ("/v1/openapi.yaml", false, 200),
+            ("/v1/rate_limit", true, 200),
+            ("/v1/nothing", true, 404),
+            ("/v1/pets", false, 401),
+        ] {
+            let send = |method: reqwest::Method| {
+                let request = c.request(method, format!("{base}{path}"));
+                let request = if with_key {
+                    request.bearer_auth(&api_key)
+                } else {
+                    request
+                };
+                request.send()
+            };
+            let get = send(reqwest::Method::GET).await.unwrap();
+            let head = send(reqwest::Method::HEAD).await.unwrap();
+            let at = format!("{version:?} HEAD {path}");
+            assert_eq!(head.version(), *version, "{at}");
+            assert_eq!(
+                (get.status().as_u16(), head.status().as_u16()),
+                (status, status),
+                "{at}"
+            );
+            assert_eq!(contract_headers(&head), contract_headers(&get), "{at}");
+            assert_eq!(
+                head.headers().get("content-length"),
+                get.headers().get("content-length"),
+                "{at}"
+            );
+            assert!(!get.bytes().await.unwrap().is_empty(), "{at}");
+            assert!(head.bytes().await.expect(&at).is_empty(), "{at}");
+        }
+    }
+}
+
 #[test]
 fn plain_http_sent_to_the_tls_port_is_refused_at_once() {
     let dir = tempfile::tempdir().unwrap();

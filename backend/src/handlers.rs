@@ -29,7 +29,7 @@ pub struct Limits {
     pub max_body_bytes: u64,
 }
 
-/// `/v1/pets`: GET lists, POST creates.
+/// `/v1/pets`: GET (and HEAD, whose body hyper leaves out) lists, POST creates.
 pub async fn collection<S, B>(
     method: Method,
     raw_query: String,
@@ -44,9 +44,9 @@ where
 {
     let mut body = std::pin::pin!(body);
     let result = match method {
-        Method::GET => list(&raw_query, &store),
+        Method::GET | Method::HEAD => list(&raw_query, &store),
         Method::POST => create(&headers, body.as_mut(), &store, limits).await,
-        _ => Err(ApiError::method_not_allowed("GET, POST")),
+        _ => Err(ApiError::method_not_allowed("GET, HEAD, POST")),
     };
     match result {
         Ok(response) => response,
@@ -92,11 +92,11 @@ where
     }
 }
 
-/// `/v1/pets/{petId}`: GET only (deprecated at the gateway).
+/// `/v1/pets/{petId}`: GET and HEAD only (deprecated at the gateway).
 pub async fn item(pet_id: String, method: Method, store: Store) -> Response {
     let result = match method {
-        Method::GET => get(&pet_id, &store),
-        _ => Err(ApiError::method_not_allowed("GET")),
+        Method::GET | Method::HEAD => get(&pet_id, &store),
+        _ => Err(ApiError::method_not_allowed("GET, HEAD")),
     };
     result.unwrap_or_else(ApiError::into_response)
 }

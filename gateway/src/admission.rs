@@ -73,12 +73,12 @@ impl Gateway {
         let key = self.authenticate(request, ip, ctx)?;
         if path == RATE_LIMIT_PATH {
             ctx.key = Some(key.clone());
-            if request.method != http::Method::GET {
+            if request.method != http::Method::GET && request.method != http::Method::HEAD {
                 return Err(GatewayError::new(
                     ErrorCode::MethodNotAllowed,
                     "the rate_limit resource is read with GET",
                 )
-                .allow("GET"));
+                .allow("GET, HEAD"));
             }
             return Ok(Admission::RateLimit(key));
         }

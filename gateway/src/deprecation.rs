@@ -75,9 +75,12 @@ impl Deprecation {
         })
     }
 
-    /// Whether this deprecation covers `method` on the normalized `path`.
+    /// Whether this deprecation covers `method` on the normalized `path`. A deprecated GET
+    /// covers HEAD too: HEAD is answered with GET's headers (RFC 9110, section 9.3.2).
     pub fn applies(&self, method: &str, path: &str) -> bool {
-        if !method.eq_ignore_ascii_case(&self.method) {
+        let same = method.eq_ignore_ascii_case(&self.method)
+            || (self.method == "GET" && method.eq_ignore_ascii_case("HEAD"));
+        if !same {
             return false;
         }
         let mut segments = path.split('/').skip(1);
@@ -133,6 +136,10 @@ mod tests {
     fn applies_only_to_its_method_and_pattern() {
         let d = get_pet(AfterSunset::Gone);
         assert!(d.applies("GET", "/v1/pets/12"));
+        assert!(
+            d.applies("HEAD", "/v1/pets/12"),
+            "HEAD carries GET's headers"
+        );
         assert!(d.applies("get", "/v1/pets/abc"));
         assert!(!d.applies("POST", "/v1/pets/12"));
         assert!(!d.applies("GET", "/v1/pets"));

@@ -112,9 +112,15 @@ pub async fn send(
     }
     headers::decorate(&mut response, ctx, session.is_http2())?;
     ctx.status = response.status.as_u16();
+    // The answer to HEAD is GET's head alone. pingora leaves the body out over HTTP/1.1 but not
+    // over HTTP/2, where a body after HEAD is a protocol error that fails the client's stream.
+    let head_only = session.req_header().method == http::Method::HEAD;
     session
-        .write_response_header(Box::new(response), false)
+        .write_response_header(Box::new(response), head_only)
         .await?;
+    if head_only {
+        return Ok(());
+    }
     session.write_response_body(Some(body), true).await
 }
 

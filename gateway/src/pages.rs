@@ -30,9 +30,10 @@ pub enum Page {
     Redoc,
 }
 
-/// The public page `request` asks for, if any (GET on its exact path).
+/// The public page `request` asks for, if any (GET or HEAD on its exact path; pingora leaves
+/// out the body of an answer to HEAD).
 pub fn public_page(request: &RequestHeader) -> Option<Page> {
-    if request.method != Method::GET {
+    if request.method != Method::GET && request.method != Method::HEAD {
         return None;
     }
     match request.uri.path() {
