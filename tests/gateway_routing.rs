@@ -562,8 +562,12 @@ fn requests_the_parser_refuses_get_the_contract_error() {
         Some("GET, HEAD, POST"),
         "the backend's own 405"
     );
-    let (status, _, _) = raw_http(stack.listen, format!("{get}{}", close(&get)).as_bytes());
+    let (status, _, rest) = raw_http(stack.listen, format!("{get}{}", close(&get)).as_bytes());
     assert_eq!(status, 200);
+    assert!(
+        rest.contains("HTTP/1.1 200 OK\r\n"),
+        "the second answered too: {rest}"
+    );
     let refused = |status: &str, code: &str| {
         metric(
             stack.admin,
