@@ -184,6 +184,32 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504_while_others_are_s
     assert_error(r, 504, "gateway_timeout").await;
 }
 
+/// The header timeout bounds reading a request's head, not answering it: a request proxied to
+/// an upstream slower than `header_timeout_seconds` is answered, on a connection that stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_header_timeout_ends_when_the_head_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = TestUpstream::start(Duration::from_secs(2)).await;
+    let routes = format!(
+        "header_timeout_seconds = 1\n{}",
+        orders_route(&slow, "timeout_ms = 10000")
+    );
+    let stack = Stack::start_with_text(dir.path(), &routes);
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+    for _ in 0..2 {
+        let r = stack.get(&c, "/v1/store/orders/1", &key).await;
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(
+        common::metric(
+            stack.admin,
+            "gateway_client_timeouts_total{phase=\"header\"}"
+        ),
+        Some(0.0)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backend_down_gives_502_then_recovers() {
     let dir = tempfile::tempdir().unwrap();

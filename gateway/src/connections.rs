@@ -39,10 +39,15 @@ thread_local! {
     static HEAD_READ: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Tells the connection whose request is being polled on this thread that its head has been
-/// read (called by the proxy's first hook; harmless where nothing watches, e.g. over TLS).
-pub fn head_read() {
+/// The proxy has the request on `stream` (its first hook's call, in the poll that read the
+/// head): the connection's loop stops timing the head, and an answer on the stream is the
+/// gateway's own ([`ClientStream::mark_answering`]). Harmless where nothing watches, e.g. on
+/// HTTP/2, which has no stream of its own here.
+pub fn proxy_has_request(stream: Option<&Stream>) {
     HEAD_READ.set(true);
+    if let Some(stream) = stream {
+        ClientStream::mark_answering(stream);
+    }
 }
 
 /// Polls `request` until it finishes (`Some`) or has read its request head (`None`).

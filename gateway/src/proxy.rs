@@ -40,7 +40,6 @@ use crate::access_log::{self, AccessLog};
 use crate::admission::{Admission, declared_length};
 use crate::auth::FailureBudget;
 use crate::client::TrustedProxies;
-use crate::client_stream::ClientStream;
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, respond};
 use crate::headers::{self, RateHeaders, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID};
@@ -214,7 +213,6 @@ impl ProxyHttp for Gateway {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        crate::connections::head_read();
         Ctx::new(self.live.load_full())
     }
 
@@ -223,10 +221,8 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        // From here on the gateway answers this request (see `client_stream`).
-        if let Some(stream) = session.stream() {
-            ClientStream::mark_answering(stream);
-        }
+        // The first hook (pingora runs no module before it): from here on the request is ours.
+        crate::connections::proxy_has_request(session.stream());
         // HTTP/1.1 keep-alive is unbounded in pingora: close idle clients as nginx does (over
         // TLS; plain connections are timed by `connections`). Off stays off: `Connection:
         // close` and HTTP/1.0 without keep-alive.
