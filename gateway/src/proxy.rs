@@ -3,8 +3,9 @@
 //! requests of a connection, [`crate::connections`] holds the client connection and times it.
 //!
 //! ```text
-//! new_ctx                 the request's head is in: the header timeout stops
-//! request_filter          client address (trusted proxies) → public pages (docs, OpenAPI) →
+//! new_ctx                 the configuration in force, for the whole request
+//! request_filter          the request's head is in: the header timeout stops →
+//!                         client address (trusted proxies) → public pages (docs, OpenAPI) →
 //!                         path normalized (400) → route looked up → CORS preflight (204) →
 //!                         key checked (401 / 429 too_many_auth_failures) → /v1/rate_limit →
 //!                         limits (429, or 503 with fallback = deny) → no route (404) →
