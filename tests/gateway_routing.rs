@@ -607,6 +607,14 @@ fn requests_the_parser_refuses_get_the_contract_error() {
         Some(unparsable.len() as f64)
     );
     assert_eq!(refused("405", "method_not_allowed"), Some(1.0));
+
+    // The admin listener answers what it cannot parse too (its valid requests are tested with
+    // its paths).
+    let (status, headers, body) = raw_http(stack.admin, b"NONSENSE\r\n\r\n");
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(header(&headers, "content-type"), Some("application/json"));
+    let error: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body:?}"));
+    assert_eq!(error["code"], "invalid_request");
 }
 
 /// A client that writes its whole body before reading the answer (as Python's `http.client`

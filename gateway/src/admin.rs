@@ -7,10 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 
+use animal_store_contract::{ErrorBody, ErrorCode, JSON_CONTENT_TYPE};
 use async_trait::async_trait;
-use http::Response;
-use pingora::apps::http_app::ServeHttp;
+use pingora::ErrorType;
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
+use pingora::http::ResponseHeader;
 use pingora::protocols::http::ServerSession;
+use pingora::server::ShutdownWatch;
 
 use crate::metrics;
 
@@ -32,12 +35,10 @@ impl Admin {
             .find(|r| r.upstream.healthy() == 0)
             .map(|r| r.prefix.clone())
     }
-}
 
-#[async_trait]
-impl ServeHttp for Admin {
-    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
-        let (status, content_type, body) = match session.req_header().uri.path() {
+    /// The answer to a request for `path`: status, content type and body.
+    fn answer(&self, path: &str) -> (u16, &'static str, Vec<u8>) {
+        match path {
             "/metrics" => (200, "text/plain; version=0.0.4", metrics::render()),
             "/healthz" => (200, "application/json", br#"{"status":"ok"}"#.to_vec()),
             "/readyz" if self.stopping.load(Ordering::Relaxed) => {
@@ -54,12 +55,74 @@ impl ServeHttp for Admin {
                 None => (200, "application/json", br#"{"status":"ready"}"#.to_vec()),
             },
             _ => (404, "application/json", br#"{"code":"not_found","message":"admin paths are /metrics, /healthz and /readyz","status":404}"#.to_vec()),
+        }
+    }
+}
+
+/// The answer to what is not an HTTP/1.1 request: the contract's error, not a closed
+/// connection with nothing said (pingora's own app closes it).
+fn unparsable() -> (u16, &'static str, Vec<u8>) {
+    let body = ErrorBody::new(
+        ErrorCode::InvalidRequest,
+        "the request is not valid HTTP/1.1: its request line or a header cannot be parsed, or \
+         its headers are too large",
+    );
+    (400, JSON_CONTENT_TYPE, body.to_json())
+}
+
+/// A response head with the admin's two headers.
+fn head(status: u16, content_type: &str, length: usize) -> ResponseHeader {
+    let mut head = ResponseHeader::build(status, Some(2)).expect("the admin's statuses are valid");
+    head.insert_header("Content-Type", content_type)
+        .and_then(|()| head.insert_header("Content-Length", length))
+        .expect("the admin's headers are valid");
+    head
+}
+
+/// pingora's app for a `ServeHttp` (`pingora::apps::http_app`), with one difference: a request
+/// pingora cannot parse gets the contract's `400` before the connection closes, where pingora's
+/// app closes it with nothing said.
+#[async_trait]
+impl HttpServerApp for Admin {
+    async fn process_new_http(
+        self: &Arc<Self>,
+        mut http: ServerSession,
+        shutdown: &ShutdownWatch,
+    ) -> Option<ReusedHttpStream> {
+        match http.read_request().await {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) if matches!(e.etype, ErrorType::InvalidHTTPHeader) => {
+                let (status, content_type, body) = unparsable();
+                let head = head(status, content_type, body.len());
+                if let Err(e) = http.write_error_response(head, body.into()).await {
+                    log::debug!("admin listener: the 400 could not be written: {e}");
+                }
+                return None;
+            }
+            Err(e) => {
+                log::debug!("admin listener: the connection failed before a request: {e}");
+                return None;
+            }
+        }
+        http.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
+        let (status, content_type, body) = self.answer(http.req_header().uri.path());
+        let head = Box::new(head(status, content_type, body.len()));
+        let written = match http.write_response_header(head).await {
+            Ok(()) => http.write_response_body(body.into(), true).await,
+            Err(e) => Err(e),
         };
-        Response::builder()
-            .status(status)
-            .header("Content-Type", content_type)
-            .header("Content-Length", body.len())
-            .body(body)
-            .expect("static parts are valid")
+        if let Err(e) = written {
+            log::debug!("admin listener: the response could not be written: {e}");
+            return None;
+        }
+        let persistent = HttpPersistentSettings::for_session(&http);
+        match http.finish().await {
+            Ok(stream) => stream.map(|s| ReusedHttpStream::from_reusable_stream(s, persistent)),
+            Err(e) => {
+                log::debug!("admin listener: the request could not be finished: {e}");
+                None
+            }
+        }
     }
 }
