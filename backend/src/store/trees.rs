@@ -237,6 +237,7 @@ fn decode(id: i64, bytes: &[u8]) -> Result<Pet, StoreError> {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     use super::*;
     use crate::store::{CommitMode, Store};
@@ -322,6 +323,45 @@ mod tests {
         assert_eq!(page(None, 2), (kept[..2].to_vec(), true));
         // The last pet is followed only by an orphan: no further page is promised.
         assert_eq!(page(Some(kept[1].id), 1), (kept[2..].to_vec(), false));
+    }
+
+    /// 64 clients on one worker thread, each doing a little work between its creates (as a
+    /// connection reads its next request): the flushes are shared by many creates, not made
+    /// for the first few that wake the flusher.
+    #[test]
+    fn concurrent_creates_share_their_flushes() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(dir.path(), CommitMode::Group).unwrap();
+            let (clients, creates) = (64, 20);
+            let tasks: Vec<_> = (0..clients)
+                .map(|_| {
+                    let store = store.clone();
+                    tokio::spawn(async move {
+                        for _ in 0..creates {
+                            for _ in 0..3 {
+                                tokio::task::yield_now().await;
+                            }
+                            store.create(pet("a"), None, 0).await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+            let flushes = store.shared.group_flushes.load(Ordering::Relaxed);
+            let per_flush = (clients * creates) as f64 / flushes as f64;
+            assert!(
+                per_flush >= 16.0,
+                "{per_flush:.1} creates per flush ({flushes} flushes)"
+            );
+        });
     }
 
     #[test]
