@@ -20,9 +20,10 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis,instr):
            gateway against nginx with the same certificate
   redis    two gateways on one Redis under load: admitted requests against the key's limit
   instr    user-space instructions per request under valgrind's callgrind, which counts the same
-           for the same binary and load, within about 1%, however busy the machine is: nginx, HAProxy, the bare
-           pass-through and the gateway (embedded store, lowercase, Redis store, whose server's
-           own work is not counted; with where the gateway's own phases spend theirs), each
+           for the same binary and load, within about 1%, however busy the machine is: nginx,
+           HAProxy, the bare pass-through and the gateway (embedded store, lowercase, Redis
+           store, whose server's own work is not counted; with where the gateway's own phases
+           spend theirs), each
            the difference of two runs of INSTR_N and 3 x INSTR_N requests (oha -n, 8 connections),
            so start-up and shutdown cancel out; and the gateway and nginx over HTTP/2 with TLS
            (h2load -n, 8 connections, one stream each)

@@ -440,6 +440,12 @@ async fn admin_listener_serves_health_readiness_and_metrics() {
     let admin = |p: &str| format!("http://{}{p}", stack.admin);
     assert_eq!(c.get(admin("/healthz")).send().await.unwrap().status(), 200);
     assert_eq!(c.get(admin("/readyz")).send().await.unwrap().status(), 200);
+    assert_error(
+        c.get(admin("/nope")).send().await.unwrap(),
+        404,
+        "not_found",
+    )
+    .await;
     // A response is counted in its logging phase, after the client has it: the last one may
     // still be on its way into the metrics.
     let admin_addr = stack.admin;

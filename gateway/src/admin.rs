@@ -15,7 +15,7 @@ use pingora::http::ResponseHeader;
 use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 
-use crate::metrics;
+use crate::{errors, metrics};
 
 /// The admin HTTP app.
 pub struct Admin {
@@ -54,20 +54,17 @@ impl Admin {
                 ),
                 None => (200, "application/json", br#"{"status":"ready"}"#.to_vec()),
             },
-            _ => (404, "application/json", br#"{"code":"not_found","message":"admin paths are /metrics, /healthz and /readyz","status":404}"#.to_vec()),
+            _ => (
+                404,
+                JSON_CONTENT_TYPE,
+                ErrorBody::new(
+                    ErrorCode::NotFound,
+                    "admin paths are /metrics, /healthz and /readyz",
+                )
+                .to_json(),
+            ),
         }
     }
-}
-
-/// The answer to what is not an HTTP/1.1 request: the contract's error, not a closed
-/// connection with nothing said (pingora's own app closes it).
-fn unparsable() -> (u16, &'static str, Vec<u8>) {
-    let body = ErrorBody::new(
-        ErrorCode::InvalidRequest,
-        "the request is not valid HTTP/1.1: its request line or a header cannot be parsed, or \
-         its headers are too large",
-    );
-    (400, JSON_CONTENT_TYPE, body.to_json())
 }
 
 /// A response head with the admin's two headers.
@@ -93,8 +90,10 @@ impl HttpServerApp for Admin {
             Ok(true) => {}
             Ok(false) => return None,
             Err(e) if matches!(e.etype, ErrorType::InvalidHTTPHeader) => {
-                let (status, content_type, body) = unparsable();
-                let head = head(status, content_type, body.len());
+                // The contract's error, where pingora's own app closes with nothing said.
+                let error = errors::unparsable();
+                let body = ErrorBody::new(error.code, error.message).to_json();
+                let head = head(400, JSON_CONTENT_TYPE, body.len());
                 if let Err(e) = http.write_error_response(head, body.into()).await {
                     log::debug!("admin listener: the 400 could not be written: {e}");
                 }

@@ -124,6 +124,15 @@ pub async fn send(
     session.write_response_body(Some(body), true).await
 }
 
+/// The error for a request that is not valid HTTP/1.1, on either listener.
+pub fn unparsable() -> GatewayError {
+    GatewayError::new(
+        ErrorCode::InvalidRequest,
+        "the request is not valid HTTP/1.1: its request line or a header cannot be parsed, or \
+         its headers are too large",
+    )
+}
+
 /// The whole HTTP/1.1 response that replaces pingora's bare answer to a request it refused
 /// before the gateway saw it (see [`crate::client_stream`]): for pingora's `400`, a request that
 /// is not valid HTTP/1.1, `400 invalid_request`; for its `405`, a `CONNECT`, `405
@@ -132,14 +141,7 @@ pub async fn send(
 /// response is counted in `gateway_responses_total` (route `none`).
 pub fn refusal_before_proxy(status: u16) -> Option<Vec<u8>> {
     let (error, allow) = match status {
-        400 => (
-            GatewayError::new(
-                ErrorCode::InvalidRequest,
-                "the request is not valid HTTP/1.1: its request line or a header cannot be \
-                 parsed, or its headers are too large",
-            ),
-            "",
-        ),
+        400 => (unparsable(), ""),
         405 => (
             GatewayError::new(
                 ErrorCode::MethodNotAllowed,
