@@ -215,9 +215,9 @@ impl Keyring {
         metrics::ACTIVE_KEYS.set(set.len() as i64);
         metrics::KEY_LOADS.inc();
         log::info!(
-            "gateway: {} usable keys loaded from {}",
-            set.len(),
-            source.describe()
+            "gateway: usable keys loaded from {}: {}",
+            source.describe(),
+            set.len()
         );
         Ok(Arc::new(Keyring {
             source,
@@ -254,7 +254,7 @@ impl Keyring {
                             .fetch_max(minute, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
-                log::info!("gateway: key store changed; {} usable keys", set.len());
+                log::info!("gateway: key store changed; usable keys: {}", set.len());
                 metrics::ACTIVE_KEYS.set(set.len() as i64);
                 metrics::KEY_LOADS.inc();
                 self.current.store(Arc::new(set));
