@@ -20,7 +20,7 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis,instr):
            gateway against nginx with the same certificate
   redis    two gateways on one Redis under load: admitted requests against the key's limit
   instr    user-space instructions per request under valgrind's callgrind, which counts the same
-           for the same binary and load, within about 1%, however busy the machine is: nginx,
+           for the same binary and load, within about 2%, however busy the machine is: nginx,
            HAProxy, the bare pass-through and the gateway (embedded store, lowercase, Redis
            store, whose server's own work is not counted; with where the gateway's own phases
            spend theirs), each
@@ -834,7 +834,7 @@ def report(results):
                   f"Each proxy alone under valgrind's callgrind on CPU 0, once for {INSTR_N:,} and once for "
                   f"{3 * INSTR_N:,} GETs with a valid key (oha -n, 8 keep-alive connections); per request is "
                   "the difference of the two totals over the difference in requests, so start-up and "
-                  "shutdown cancel out. The same binaries and load give the same counts, within about 1%, however "
+                  "shutdown cancel out. The same binaries and load give the same counts, within about 2%, however "
                   "busy the machine is. Not counted: the kernel's work (nginx and pingora make the same number of "
                   "system calls per request), nor Redis's for the gateway with the Redis store. "
                   "`rep movsb` copies count one instruction per byte.", "",
