@@ -91,8 +91,7 @@ impl HttpServerApp for Admin {
             Ok(false) => return None,
             Err(e) if matches!(e.etype, ErrorType::InvalidHTTPHeader) => {
                 // The contract's error, where pingora's own app closes with nothing said.
-                let error = errors::unparsable();
-                let body = ErrorBody::new(error.code, error.message).to_json();
+                let body = errors::unparsable().body();
                 let head = head(400, JSON_CONTENT_TYPE, body.len());
                 if let Err(e) = http.write_error_response(head, body.into()).await {
                     log::debug!("admin listener: the 400 could not be written: {e}");

@@ -35,6 +35,11 @@ impl GatewayError {
         }
     }
 
+    /// The contract's JSON body for this error.
+    pub fn body(&self) -> Vec<u8> {
+        ErrorBody::new(self.code, self.message.as_str()).to_json()
+    }
+
     /// The contract's answer for an error pingora raised while proxying; `None` when the client
     /// is gone and nobody is left to answer.
     pub fn from_proxy_error(e: &Error) -> Option<GatewayError> {
@@ -82,7 +87,7 @@ pub async fn respond(
     ctx: &mut Ctx,
     error: GatewayError,
 ) -> pingora::Result<()> {
-    let body = Bytes::from(ErrorBody::new(error.code, error.message).to_json());
+    let body = Bytes::from(error.body());
     let mut response = ResponseHeader::build(error.code.status(), Some(10))?;
     if error.code == ErrorCode::Unauthorized {
         response.insert_header("WWW-Authenticate", "Bearer")?;
@@ -159,7 +164,7 @@ pub fn refusal_before_proxy(status: u16) -> Option<Vec<u8>> {
             error.code.as_str(),
         ])
         .inc();
-    let body = ErrorBody::new(error.code, error.message).to_json();
+    let body = error.body();
     let reason = http::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason())
