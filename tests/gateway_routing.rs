@@ -658,7 +658,8 @@ fn early_refusals_reach_a_client_that_writes_its_whole_body_first() {
 }
 
 /// Requests pipelined on one connection (sent together, before any answer is read, as `wrk`
-/// with a pipelining script does) are all answered, in order, refusals among them.
+/// with a pipelining script does) are all answered, in order, refusals among them, on the
+/// public listener and on the admin listener.
 #[test]
 fn pipelined_requests_are_answered_in_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -718,6 +719,19 @@ fn pipelined_requests_are_answered_in_order() {
         assert!(answers.starts_with("HTTP/1.1 201 "), "{answers}");
         assert!(answers.contains("\"plan\":\"business\""), "{answers}");
     }
+
+    // And on the admin listener (pingora's own loop there dropped all but the first).
+    let answers = raw_answer(
+        stack.admin,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nHost: x\r\n\r\n\
+         GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let statuses: Vec<&str> = answers
+        .match_indices("HTTP/1.1 ")
+        .map(|(at, _)| &answers[at + 9..at + 12])
+        .collect();
+    assert_eq!(statuses, ["200", "200", "404"], "{answers}");
+    assert!(answers.contains(r#"{"status":"ready"}"#), "{answers}");
 }
 
 /// A body holding blank lines (JSON allows them between tokens) is read whole, though reads stop

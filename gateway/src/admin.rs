@@ -10,11 +10,13 @@ use arc_swap::ArcSwap;
 use animal_store_contract::{ErrorBody, ErrorCode, JSON_CONTENT_TYPE};
 use async_trait::async_trait;
 use pingora::ErrorType;
-use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
 use pingora::http::ResponseHeader;
+use pingora::protocols::Stream;
 use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 
+use crate::client_stream::ClientStream;
 use crate::{errors, metrics};
 
 /// The admin HTTP app.
@@ -64,6 +66,30 @@ impl Admin {
                 .to_json(),
             ),
         }
+    }
+}
+
+/// The admin listener's application: [`Admin`] on each connection, whose reads are cut at
+/// request heads and writes gathered ([`ClientStream`]). pingora's own keep-alive loop drops
+/// whatever its read brought beyond the request it serves, so without the cut, requests
+/// pipelined behind the first went unanswered and the client waited for the keep-alive timeout.
+pub struct Listener(Arc<Admin>);
+
+impl Listener {
+    /// Serves `admin`.
+    pub fn new(admin: Admin) -> Listener {
+        Listener(Arc::new(admin))
+    }
+}
+
+#[async_trait]
+impl ServerApp for Listener {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        ServerApp::process_new(&self.0, ClientStream::wrap(stream), shutdown).await
     }
 }
 

@@ -193,12 +193,16 @@ pub fn run(
     }
     let mut admin = Service::new(
         "admin".to_owned(),
-        admin::Admin {
+        admin::Listener::new(admin::Admin {
             stopping: stopping.clone(),
             live: live.clone(),
-        },
+        }),
     );
-    admin.add_tcp(&settings.admin_listen.to_string());
+    // As the public listener's: writes are gathered above the transport ([`client_stream`]).
+    admin.add_listener(
+        ListenerConfig::tcp(settings.admin_listen.to_string())
+            .l4_buffer(L4BufferSettings::new(PLAIN_READ_BUFFER, 0)),
+    );
     admin.threads = Some(1);
     let refresh = background_service("key refresh", keyring::KeyRefresh(keyring.clone()));
     let upkeep = background_service("limit snapshots", Snapshots(limits.clone()));
