@@ -677,11 +677,11 @@ fn pipelined_requests_are_answered_in_order() {
     ]
     .concat();
     let answers = raw_answer(stack.listen, &pipelined);
-    let statuses: Vec<&str> = answers
-        .match_indices("HTTP/1.1 ")
-        .map(|(at, _)| &answers[at + 9..at + 12])
-        .collect();
-    assert_eq!(statuses, ["200", "401", "404", "200"], "{answers}");
+    assert_eq!(
+        statuses(&answers),
+        ["200", "401", "404", "200"],
+        "{answers}"
+    );
     let (_, last) = answers.rsplit_once("\r\n\r\n").unwrap();
     let standing: Value = serde_json::from_str(last).unwrap();
     assert_eq!(
@@ -726,11 +726,7 @@ fn pipelined_requests_are_answered_in_order() {
         "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nHost: x\r\n\r\n\
          GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
-    let statuses: Vec<&str> = answers
-        .match_indices("HTTP/1.1 ")
-        .map(|(at, _)| &answers[at + 9..at + 12])
-        .collect();
-    assert_eq!(statuses, ["200", "200", "404"], "{answers}");
+    assert_eq!(statuses(&answers), ["200", "200", "404"], "{answers}");
     assert!(answers.contains(r#"{"status":"ready"}"#), "{answers}");
 }
 
@@ -1110,6 +1106,14 @@ async fn header_case_is_preserved_or_lowercase_as_configured() {
             "{case}: {answer}"
         );
     }
+}
+
+/// The status codes of the responses in `answers`, in order.
+fn statuses(answers: &str) -> Vec<&str> {
+    answers
+        .match_indices("HTTP/1.1 ")
+        .map(|(at, _)| &answers[at + 9..at + 12])
+        .collect()
 }
 
 /// The whole answer to `request` on a fresh connection, as text.

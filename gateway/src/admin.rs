@@ -104,7 +104,7 @@ fn head(status: u16, content_type: &str, length: usize) -> ResponseHeader {
 
 /// pingora's app for a `ServeHttp` (`pingora::apps::http_app`), with one difference: a request
 /// pingora cannot parse gets the contract's `400` before the connection closes, where pingora's
-/// app closes it with nothing said.
+/// app closes it with nothing said. Its connections come through [`Listener`].
 #[async_trait]
 impl HttpServerApp for Admin {
     async fn process_new_http(
