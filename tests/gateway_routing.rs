@@ -982,6 +982,98 @@ fn slow_request_heads_and_silent_connections_are_closed() {
     );
 }
 
+/// The admin port bounds its connections as the public port does: a trickled request head is
+/// closed at `header_timeout_seconds`, a silent connection at `keepalive_timeout_seconds`. The
+/// API's metrics count neither these connections nor their timeouts.
+#[test]
+fn the_admin_port_closes_slow_heads_and_silent_connections() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!("keepalive_timeout_seconds = 3\nheader_timeout_seconds = 1\n{PETS_ROUTE}"),
+    );
+    let mut silent = std::net::TcpStream::connect(stack.admin).unwrap();
+    let opened = Instant::now();
+    let closed_after = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut slow = tokio::net::TcpStream::connect(stack.admin).await.unwrap();
+        common::trickle_until_closed(&mut slow, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await
+    });
+    let closed_after = closed_after.expect("the slow head was never closed");
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(6),
+        "closed after {closed_after:?}, the header timeout is 1 s"
+    );
+
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(
+        silent.read(&mut [0u8; 64]).unwrap(),
+        0,
+        "closed by the gateway"
+    );
+    let waited = opened.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2500) && waited < Duration::from_secs(9),
+        "closed after {waited:?}, the keep-alive timeout is 3 s"
+    );
+
+    // Read through the admin port itself, which is served meanwhile.
+    for name in [
+        "gateway_client_timeouts_total{phase=\"header\"}",
+        "gateway_client_timeouts_total{phase=\"idle\"}",
+        "gateway_client_connections",
+    ] {
+        assert_eq!(common::metric(stack.admin, name), Some(0.0), "{name}");
+    }
+}
+
+/// Once shutdown begins, the public port closes its idle connections, but a prober that keeps
+/// its admin connection open reads `/readyz`'s 503 during the grace period, and that connection
+/// closes after the answer.
+#[test]
+fn a_kept_admin_connection_reads_stopping_when_shutdown_begins() {
+    use nix::sys::signal::{Signal, kill};
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let mut stack = Stack::start_with_text(
+        dir.path(),
+        &format!("shutdown_grace_seconds = 3\n{PETS_ROUTE}"),
+    );
+    let probe = b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut prober = std::net::TcpStream::connect(stack.admin).unwrap();
+    prober
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    prober.write_all(probe).unwrap();
+    let (head, body) = read_response(&mut prober);
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}{body}");
+    let mut idle = std::net::TcpStream::connect(stack.listen).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Accepted, not only queued: a queued connection would be reset with the listener.
+    wait_metric(
+        stack.admin,
+        "gateway_client_connections",
+        Duration::from_secs(10),
+        |v| v == 1.0,
+    );
+
+    kill(stack.proc.pid(), Signal::SIGTERM).unwrap();
+    // The gateway is stopping once the public port lets its idle connection go.
+    assert_eq!(idle.read(&mut [0u8; 64]).unwrap(), 0, "closed at shutdown");
+    prober.write_all(probe).unwrap();
+    let (head, body) = read_response(&mut prober);
+    assert!(head.starts_with("HTTP/1.1 503 "), "{head}{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["status"],
+        "stopping"
+    );
+    assert_eq!(prober.read(&mut [0u8; 64]).unwrap(), 0, "closed after it");
+    assert_eq!(stack.proc.wait_exit(Signal::SIGTERM), Some(0));
+}
+
 /// An upstream that answers every request with a header in mixed case and hands back the head
 /// of each request it received, as the bytes that arrived.
 fn raw_upstream() -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {

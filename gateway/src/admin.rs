@@ -10,14 +10,12 @@ use arc_swap::ArcSwap;
 use animal_store_contract::{ErrorBody, ErrorCode, JSON_CONTENT_TYPE};
 use async_trait::async_trait;
 use pingora::ErrorType;
-use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream, ServerApp};
+use pingora::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
 use pingora::http::ResponseHeader;
-use pingora::protocols::Stream;
 use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 
-use crate::client_stream::ClientStream;
-use crate::{errors, metrics};
+use crate::{connections, errors, metrics};
 
 /// The admin HTTP app.
 pub struct Admin {
@@ -69,30 +67,6 @@ impl Admin {
     }
 }
 
-/// The admin listener's application: [`Admin`] on each connection, whose reads are cut at
-/// request heads and writes gathered ([`ClientStream`]). pingora's own keep-alive loop drops
-/// whatever its read brought beyond the request it serves, so without the cut, requests
-/// pipelined behind the first went unanswered and the client waited for the keep-alive timeout.
-pub struct Listener(Arc<Admin>);
-
-impl Listener {
-    /// Serves `admin`.
-    pub fn new(admin: Admin) -> Listener {
-        Listener(Arc::new(admin))
-    }
-}
-
-#[async_trait]
-impl ServerApp for Listener {
-    async fn process_new(
-        self: &Arc<Self>,
-        stream: Stream,
-        shutdown: &ShutdownWatch,
-    ) -> Option<Stream> {
-        ServerApp::process_new(&self.0, ClientStream::wrap(stream), shutdown).await
-    }
-}
-
 /// A response head with the admin's two headers.
 fn head(status: u16, content_type: &str, length: usize) -> ResponseHeader {
     let mut head = ResponseHeader::build(status, Some(2)).expect("the admin's statuses are valid");
@@ -104,7 +78,10 @@ fn head(status: u16, content_type: &str, length: usize) -> ResponseHeader {
 
 /// pingora's app for a `ServeHttp` (`pingora::apps::http_app`), with one difference: a request
 /// pingora cannot parse gets the contract's `400` before the connection closes, where pingora's
-/// app closes it with nothing said. Its connections come through [`Listener`].
+/// app closes it with nothing said. Its connections come through
+/// [`Connections`](crate::connections::Connections) for [`Port::Admin`](crate::connections::Port):
+/// reads cut at request heads (pingora's own keep-alive loop drops requests pipelined behind
+/// the first), and the public port's keep-alive and header timeouts.
 #[async_trait]
 impl HttpServerApp for Admin {
     async fn process_new_http(
@@ -113,7 +90,7 @@ impl HttpServerApp for Admin {
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
         match http.read_request().await {
-            Ok(true) => {}
+            Ok(true) => connections::request_head_read(http.stream()),
             Ok(false) => return None,
             Err(e) if matches!(e.etype, ErrorType::InvalidHTTPHeader) => {
                 // The contract's error, where pingora's own app closes with nothing said.
@@ -129,7 +106,9 @@ impl HttpServerApp for Admin {
                 return None;
             }
         }
-        http.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
+        if *shutdown.borrow() {
+            http.set_keepalive(None);
+        }
         let (status, content_type, body) = self.answer(http.req_header().uri.path());
         let head = Box::new(head(status, content_type, body.len()));
         let written = match http.write_response_header(head).await {

@@ -59,10 +59,11 @@ pub struct GatewayConfig {
     /// to one core runs one thread, as nginx runs one worker per core).
     pub threads: Option<NonZeroUsize>,
     /// A client connection idle this long between requests is closed (nginx's
-    /// `keepalive_timeout`); HTTP/2 connections too.
+    /// `keepalive_timeout`); HTTP/2 connections and the admin port's too.
     pub keepalive_timeout_seconds: NonZeroU64,
-    /// An HTTP/1.1 request head (plain or TLS) not complete this long after its first byte closes the
-    /// connection (nginx's `client_header_timeout`), so slow clients cannot hold sessions.
+    /// An HTTP/1.1 request head (plain or TLS, or to the admin port) not complete this long after
+    /// its first byte closes the connection (nginx's `client_header_timeout`), so slow clients
+    /// cannot hold sessions.
     pub header_timeout_seconds: NonZeroU64,
     /// Request bodies over this many bytes get 413 without reaching an upstream.
     pub max_body_bytes: u64,

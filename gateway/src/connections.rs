@@ -14,6 +14,9 @@
 //!
 //! HTTP/2 connections (chosen by ALPN over TLS) keep pingora's own loop: HTTP/2 multiplexes its
 //! requests and has its own idle timeout (`h2_idle_timeout`, set to the same keep-alive).
+//!
+//! The admin listener's connections go through the same loop and timeouts ([`Port::Admin`]),
+//! but they stay out of the API's metrics.
 
 use std::cell::Cell;
 use std::future::{Future, poll_fn};
@@ -39,11 +42,11 @@ thread_local! {
     static HEAD_READ: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The proxy has the request on `stream` (its first hook's call, in the poll that read the
-/// head): the connection's loop stops timing the head, and an answer on the stream is the
-/// gateway's own ([`ClientStream::mark_answering`]). Harmless where nothing watches, e.g. on
-/// HTTP/2, which has no stream of its own here.
-pub fn proxy_has_request(stream: Option<&Stream>) {
+/// The app has the request on `stream` (the proxy's first hook's call, the admin's once it has
+/// read the head; in the poll that read it): the connection's loop stops timing the head, and
+/// an answer on the stream is the gateway's own ([`ClientStream::mark_answering`]). Harmless
+/// where nothing watches, e.g. on HTTP/2, which has no stream of its own here.
+pub fn request_head_read(stream: Option<&Stream>) {
     HEAD_READ.set(true);
     if let Some(stream) = stream {
         ClientStream::mark_answering(stream);
@@ -63,18 +66,33 @@ async fn until_head<F: Future + Unpin>(request: &mut F) -> Option<F::Output> {
     .await
 }
 
-/// The public listener's application: `app` (the proxy) per request, the keep-alive loop here.
+/// The port a [`Connections`] serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    /// The API's: its connections and their timeouts are counted in the client metrics, and
+    /// pingora's own refusals on it are replaced by the contract's errors.
+    Public,
+    /// The operators': the same timeouts, but counted nowhere, so scraping `/metrics` does not
+    /// show up in what it reads; its app answers unparsable requests itself. Its idle
+    /// connections stay open when shutdown begins, for `/readyz` to say so.
+    Admin,
+}
+
+/// A listener's application: `app` per request (the proxy, or the admin's), the keep-alive loop
+/// here.
 pub struct Connections<A> {
     app: Arc<A>,
     live: Arc<ArcSwap<Settings>>,
+    port: Port,
 }
 
 impl<A> Connections<A> {
-    /// Serves connections with `app`, timed by the settings in force in `live`.
-    pub fn new(app: A, live: Arc<ArcSwap<Settings>>) -> Connections<A> {
+    /// Serves connections to `port` with `app`, timed by the settings in force in `live`.
+    pub fn new(app: A, live: Arc<ArcSwap<Settings>>, port: Port) -> Connections<A> {
         Connections {
             app: Arc::new(app),
             live,
+            port,
         }
     }
 
@@ -88,12 +106,14 @@ impl<A> Connections<A> {
 enum Idle {
     /// Bytes of a request are in the read buffer (or the client closed: the session finds out).
     Request,
-    /// The idle timeout passed, the connection failed, or the gateway is shutting down.
+    /// The idle timeout passed.
+    TimedOut,
+    /// The connection failed, or the gateway is shutting down.
     Close,
 }
 
 /// Waits, holding nothing but `stream`, until the client sends something, stays silent for
-/// `timeout`, or the gateway starts shutting down.
+/// `timeout`, or, if `shutdown` is given, the gateway starts shutting down.
 ///
 /// A zero-length read waits for bytes and leaves them where the session that follows parses the
 /// request from, with no extra system call: on a plain stream it fills the read buffer (the
@@ -102,19 +122,22 @@ enum Idle {
 async fn await_request(
     stream: &mut Stream,
     timeout: Duration,
-    shutdown: &mut ShutdownWatch,
+    shutdown: Option<&mut ShutdownWatch>,
 ) -> Idle {
+    let stopping = async {
+        match shutdown {
+            Some(shutdown) => drop(shutdown.wait_for(|stopping| *stopping).await),
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         biased;
         filled = pingora_timeout::timeout(timeout, stream.read(&mut [])) => match filled {
             Ok(Ok(_)) => Idle::Request,
             Ok(Err(_)) => Idle::Close,
-            Err(_) => {
-                metrics::CLIENT_TIMEOUTS.with_label_values(&["idle"]).inc();
-                Idle::Close
-            }
+            Err(_) => Idle::TimedOut,
         },
-        _ = shutdown.wait_for(|stopping| *stopping) => Idle::Close,
+        () = stopping => Idle::Close,
     }
 }
 
@@ -154,15 +177,20 @@ where
     /// stream and this loop's few hundred bytes; a request's state (boxed by pingora) is freed
     /// with it.
     async fn serve(self: Arc<Self>, mut stream: Stream, mut shutdown: ShutdownWatch) {
-        let _open = metrics::OpenConnection::open();
+        let _open = (self.port == Port::Public).then(metrics::OpenConnection::open);
         let mut persisted: Option<HttpPersistentSettings> = None;
         loop {
             // A connection that has sent nothing yet is as cheap as an idle one, so the first
             // request gets the keep-alive timeout too. Pipelined requests are waiting in the
             // stream's reads ([`crate::pipeline`]): they end the wait at once.
             let idle = self.live.load().keepalive_timeout;
-            if let Idle::Close = await_request(&mut stream, idle, &mut shutdown).await {
-                return;
+            // The admin port keeps its connections through the grace period: a prober that
+            // keeps one open reads `/readyz`'s 503 (and then the connection closes).
+            let stops = (self.port == Port::Public).then_some(&mut shutdown);
+            match await_request(&mut stream, idle, stops).await {
+                Idle::Request => {}
+                Idle::TimedOut => return self.count_timeout("idle"),
+                Idle::Close => return,
             }
             // Boxed: a request's state is twice the size of this loop's.
             match Box::pin(self.request(stream, persisted, &shutdown)).await {
@@ -184,8 +212,11 @@ where
             let settings = self.live.load();
             (settings.keepalive_timeout, settings.header_timeout)
         };
-        // Until the proxy has the request, an answer on the stream is pingora's own refusal.
-        ClientStream::expect_request(&stream);
+        // Until the proxy has the request, an answer on the stream is pingora's own refusal (the
+        // admin's app answers the requests it cannot parse itself).
+        if self.port == Port::Public {
+            ClientStream::expect_request(&stream);
+        }
         let mut session = ServerSession::new_http1(stream);
         match persisted {
             Some(persisted) => persisted.apply_to_session(&mut session),
@@ -207,11 +238,16 @@ where
             Ok(Some(done)) => done,
             Ok(None) => request.await,
             Err(_) => {
-                metrics::CLIENT_TIMEOUTS
-                    .with_label_values(&["header"])
-                    .inc();
+                self.count_timeout("header");
                 None
             }
+        }
+    }
+
+    /// Counts a connection closed by the timeout of `phase`, on the public port.
+    fn count_timeout(&self, phase: &str) {
+        if self.port == Port::Public {
+            metrics::CLIENT_TIMEOUTS.with_label_values(&[phase]).inc();
         }
     }
 }

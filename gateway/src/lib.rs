@@ -61,7 +61,7 @@ use redis_conn::{RedisError, RedisHub};
 use redis_keys::RedisKeyStore;
 use store::{EmbeddedStore, LimitStore, RedisStore};
 
-use connections::Connections;
+use connections::{Connections, Port};
 use pingora::listeners::ListenerConfig;
 use pingora::protocols::l4::stream::L4BufferSettings;
 
@@ -166,6 +166,7 @@ pub fn run(
             proxy::Gateway::new(live.clone(), keyring.clone(), limits.clone()),
         ),
         live.clone(),
+        Port::Public,
     );
     if let Some(app) = connections.app_mut() {
         let mut options = pingora::apps::HttpServerOptions::default();
@@ -193,10 +194,14 @@ pub fn run(
     }
     let mut admin = Service::new(
         "admin".to_owned(),
-        admin::Listener::new(admin::Admin {
-            stopping: stopping.clone(),
-            live: live.clone(),
-        }),
+        Connections::new(
+            admin::Admin {
+                stopping: stopping.clone(),
+                live: live.clone(),
+            },
+            live.clone(),
+            Port::Admin,
+        ),
     );
     // As the public listener's: writes are gathered above the transport ([`client_stream`]).
     admin.add_listener(

@@ -223,7 +223,7 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         // The first hook (pingora runs no module before it): from here on the request is ours.
-        crate::connections::proxy_has_request(session.stream());
+        crate::connections::request_head_read(session.stream());
         // HTTP/1.1 keep-alive is unbounded in pingora: close idle clients as nginx does (over
         // TLS; plain connections are timed by `connections`). Off stays off: `Connection:
         // close` and HTTP/1.0 without keep-alive.

@@ -82,6 +82,12 @@ impl Proc {
     /// Sends `signal` and waits for the exit; returns the exit code.
     pub fn stop_with(&mut self, signal: Signal) -> Option<i32> {
         kill(self.pid(), signal).expect("send the signal");
+        self.wait_exit(signal)
+    }
+
+    /// Waits up to 30 s for the exit that `signal`, already sent, asked for; returns the exit
+    /// code.
+    pub fn wait_exit(&mut self, signal: Signal) -> Option<i32> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait().unwrap() {
