@@ -81,13 +81,14 @@ fn head(status: u16, content_type: &str, length: usize) -> ResponseHeader {
 /// app closes it with nothing said. Its connections come through
 /// [`Connections`](crate::connections::Connections) for [`Port::Admin`](crate::connections::Port):
 /// reads cut at request heads (pingora's own keep-alive loop drops requests pipelined behind
-/// the first), and the public port's keep-alive and header timeouts.
+/// the first), the public port's keep-alive and header timeouts, and no keep-alive once shutdown
+/// has begun.
 #[async_trait]
 impl HttpServerApp for Admin {
     async fn process_new_http(
         self: &Arc<Self>,
         mut http: ServerSession,
-        shutdown: &ShutdownWatch,
+        _shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
         match http.read_request().await {
             Ok(true) => connections::request_head_read(http.stream()),
@@ -105,9 +106,6 @@ impl HttpServerApp for Admin {
                 log::debug!("admin listener: the connection failed before a request: {e}");
                 return None;
             }
-        }
-        if *shutdown.borrow() {
-            http.set_keepalive(None);
         }
         let (status, content_type, body) = self.answer(http.req_header().uri.path());
         let head = Box::new(head(status, content_type, body.len()));
