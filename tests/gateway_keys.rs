@@ -321,3 +321,78 @@ fn a_damaged_key_store_stops_the_gateway_with_a_clear_error() {
         assert!(err.contains("keys.json is damaged"), "{command}: {err}");
     }
 }
+
+/// Runs `animal-store ARGS`, which should fail at start: its exit code and stderr. A process
+/// still running after 20 s fails the test instead of hanging it.
+fn start_fails(args: &[&str]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let err_path = dir.path().join("stderr");
+    let mut child = std::process::Command::new(common::BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!(
+                "{args:?} still running after 20 s: {}",
+                std::fs::read_to_string(&err_path).unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        status.code().unwrap_or(-1),
+        std::fs::read_to_string(&err_path).unwrap(),
+    )
+}
+
+#[test]
+fn an_address_that_cannot_be_bound_stops_the_start_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = common::shipped_config();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let (listen, admin, backend) = (
+        common::free_addr().to_string(),
+        common::free_addr().to_string(),
+        common::free_addr().to_string(),
+    );
+    let cases = [
+        ("gateway", &taken, &admin, "--listen", &taken),
+        ("serve", &listen, &taken, "--admin-listen", &taken),
+        // Two settings naming one address.
+        ("gateway", &listen, &listen, "--admin-listen", &listen),
+    ];
+    for (command, listen, admin, flag, address) in cases {
+        let (code, err) = start_fails(&[
+            command,
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            listen,
+            "--admin-listen",
+            admin,
+            "--backend-listen",
+            &backend,
+        ]);
+        assert_eq!(code, 1, "{command}: {err}");
+        assert!(
+            err.contains(&format!("cannot listen on {address} ({flag})")),
+            "{command}: {err}"
+        );
+        assert!(err.contains("in use"), "{command}: {err}");
+        assert!(!err.contains("panicked"), "{command}: {err}");
+    }
+}

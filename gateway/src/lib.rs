@@ -35,6 +35,7 @@ pub mod settings;
 pub mod store;
 pub mod tls;
 
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -106,6 +107,16 @@ pub enum StartError {
     /// The TLS certificate or key cannot be used.
     #[error("TLS: {0}")]
     Tls(#[from] tls::TlsError),
+    /// A listener's address cannot be bound: in use, named twice, or not this machine's.
+    #[error("cannot listen on {address} ({flag})")]
+    Listen {
+        /// The address, as configured.
+        address: SocketAddr,
+        /// The command-line flag that sets it.
+        flag: &'static str,
+        /// Why it cannot be bound.
+        source: std::io::Error,
+    },
 }
 
 /// How often the embedded store's snapshot is written: at most this much of the counts is lost
@@ -229,6 +240,7 @@ pub fn run(
     server.add_service(upkeep);
     server.add_service(reloads);
     server.add_service(health);
+    check_listeners(&settings)?;
     log::info!(
         "gateway listening on http://{} (admin on http://{})",
         settings.listen,
@@ -248,6 +260,30 @@ pub fn run(
         store.leave();
     }
     log::info!("gateway: stopped");
+    Ok(())
+}
+
+/// Binds each listener's address once and lets it go, so that one that cannot be bound stops
+/// the start with its name. pingora binds them only when the server runs, and an address in use
+/// makes it retry for 30 s and then panic inside a task, leaving the process up without the
+/// listener. The addresses are held together, so two settings naming one address fail too.
+fn check_listeners(settings: &Settings) -> Result<(), StartError> {
+    let mut addresses = vec![
+        (settings.listen, "--listen"),
+        (settings.admin_listen, "--admin-listen"),
+    ];
+    if let Some((listen, _)) = &settings.tls {
+        addresses.push((*listen, "--tls-listen"));
+    }
+    let mut held = Vec::with_capacity(addresses.len());
+    for (address, flag) in addresses {
+        let listener = TcpListener::bind(address).map_err(|source| StartError::Listen {
+            address,
+            flag,
+            source,
+        })?;
+        held.push(listener);
+    }
     Ok(())
 }
 
