@@ -356,6 +356,47 @@ fn start_fails(args: &[&str]) -> (i32, String) {
 }
 
 #[test]
+fn a_second_gateway_on_one_data_directory_is_refused_until_the_first_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::shipped_config();
+    let backend = common::free_addr();
+    let mut first = common::GatewayOnly::start(dir.path(), "a", &config, backend, &[]);
+    let (listen, admin) = (
+        common::free_addr().to_string(),
+        common::free_addr().to_string(),
+    );
+    let (code, err) = start_fails(&[
+        "gateway",
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        first.data_dir.to_str().unwrap(),
+        "--listen",
+        &listen,
+        "--admin-listen",
+        &admin,
+        "--backend-listen",
+        &backend.to_string(),
+    ]);
+    assert_eq!(code, 1, "{err}");
+    let holder = format!(
+        "is in use by another gateway (process {})",
+        first.proc.child.id()
+    );
+    assert!(err.contains(&holder), "{err}");
+    assert!(err.contains("--redis-url"), "{err}");
+    // The first still serves, and once it has stopped, the directory is free again.
+    let (status, _, _) = common::raw_http(
+        first.listen,
+        b"GET /v1/pets HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 401);
+    assert_eq!(first.proc.terminate(), Some(0));
+    let mut again = common::GatewayOnly::start(dir.path(), "a", &config, backend, &[]);
+    assert_eq!(again.proc.terminate(), Some(0));
+}
+
+#[test]
 fn an_address_that_cannot_be_bound_stops_the_start_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");

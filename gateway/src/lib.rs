@@ -101,6 +101,9 @@ pub enum StartError {
     /// The limiter's snapshot could not be read.
     #[error(transparent)]
     Limits(#[from] store::embedded::SnapshotError),
+    /// The data directory's limits are another process's, or cannot be locked.
+    #[error(transparent)]
+    LimitsLock(#[from] store::embedded::LockError),
     /// Redis could not be set up (not: could not be reached, which is a fallback).
     #[error(transparent)]
     Redis(#[from] RedisError),
@@ -147,6 +150,11 @@ pub fn run(
         None => None,
     };
     let source = key_source(&settings, data_dir)?;
+    // The embedded store's files are this process's alone while it runs.
+    let _limits_lock = match &settings.redis {
+        None => Some(store::embedded::lock(data_dir)?),
+        Some(_) => None,
+    };
     let limits = Arc::new(match (&source, &settings.redis) {
         (KeySource::Redis { store, .. }, Some(redis)) => LimitStore::Redis(RedisStore::start(
             store.hub().clone(),

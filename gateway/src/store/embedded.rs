@@ -15,13 +15,16 @@
 //! checksum: a batch cut short by a crash is where replay stops. Keys whose windows are over
 //! and whose ban history no longer matters are left out of snapshots.
 //!
+//! The files are one gateway's: it holds `limits.lock` while it runs ([`lock`]), so a second
+//! gateway on the same directory, which would count apart and write over them, cannot start.
+//!
 //! Both files are little-endian `u64` words. `limits.bin`: a magic word, the generation, a
 //! count, then nine words per key (id, minute start + 1 or 0, minute count, refused in window,
 //! day, day count, ban end, last ban start + 1 or 0, ban level); the first format had no
 //! generation and reads as generation 0. `limits.journal`: a magic word, the generation, then
 //! batches: a count, nine words per key as in the snapshot, and the batch's FNV-1a checksum.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -36,6 +39,8 @@ use crate::plans::Limits;
 pub const SNAPSHOT_FILE: &str = "limits.bin";
 /// File name of the journal of changes since the snapshot.
 pub const JOURNAL_FILE: &str = "limits.journal";
+/// File name of the lock that keeps a second gateway off the same files.
+pub const LOCK_FILE: &str = "limits.lock";
 /// `ASLIMIT1` in ASCII: the first snapshot layout, without a generation.
 const MAGIC_V1: u64 = u64::from_le_bytes(*b"ASLIMIT1");
 /// `ASLIMIT2`: the snapshot layout with a generation.
@@ -57,6 +62,70 @@ const OPTIONAL: [bool; 8] = [true, false, false, false, false, false, true, fals
 pub struct SnapshotError {
     path: PathBuf,
     source: std::io::Error,
+}
+
+/// Why this process cannot have the data directory's limits.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Another process holds them.
+    #[error(
+        "the data directory {dir} is in use by another gateway ({holder}). Each keeps its own \
+         counts, so two on one directory would each admit a key's whole limit: give each its \
+         own --data-dir, or share limits through --redis-url"
+    )]
+    InUse {
+        /// The data directory.
+        dir: PathBuf,
+        /// Who holds it, as far as the lock file says.
+        holder: String,
+    },
+    /// The lock file cannot be made or locked.
+    #[error("data directory {dir}: cannot lock {LOCK_FILE}")]
+    Io {
+        /// The data directory.
+        dir: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Takes the data directory's limits for this process, for as long as the returned file stays
+/// open; the system lets go of it when the process ends, however it ends. The file holds the
+/// holder's process id, for the error a second gateway gets.
+pub fn lock(data_dir: &Path) -> Result<File, LockError> {
+    let io = |source| LockError::Io {
+        dir: data_dir.to_owned(),
+        source,
+    };
+    fs::create_dir_all(data_dir).map_err(io)?;
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(data_dir.join(LOCK_FILE))
+        .map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            let holder = fs::read_to_string(data_dir.join(LOCK_FILE))
+                .ok()
+                .and_then(|pid| pid.trim().parse::<u32>().ok())
+                .map_or_else(
+                    || "another process".to_owned(),
+                    |pid| format!("process {pid}"),
+                );
+            return Err(LockError::InUse {
+                dir: data_dir.to_owned(),
+                holder,
+            });
+        }
+        Err(TryLockError::Error(source)) => return Err(io(source)),
+    }
+    file.set_len(0)
+        .and_then(|()| write!(file, "{}", std::process::id()))
+        .map_err(io)?;
+    Ok(file)
 }
 
 /// What the files hold, as far as the next write needs to know.
