@@ -44,12 +44,12 @@ fn default_data_dir() -> PathBuf {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Read {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why: part of the message, not a source, so that it is printed once.
+        error: std::io::Error,
     },
     /// The file is not valid TOML or does not fit the schema; the message names line and column.
     #[error("{path}: {message}")]
@@ -63,9 +63,9 @@ pub enum ConfigError {
 
 /// Reads and validates `path`, without overrides (`check-config`).
 pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     parse(&text).map_err(|message| ConfigError::Invalid {
         path: path.to_owned(),

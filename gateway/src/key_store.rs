@@ -164,10 +164,10 @@ impl KeyStore {
         Ok(())
     }
 
-    fn io(&self, source: std::io::Error) -> KeyError {
+    fn io(&self, error: std::io::Error) -> KeyError {
         KeyError::Io {
             path: self.path.clone(),
-            source,
+            error,
         }
     }
 }

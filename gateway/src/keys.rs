@@ -25,12 +25,12 @@ const SECRET_BYTES: usize = 32;
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     /// The store file could not be read or written.
-    #[error("key store {path}: {source}")]
+    #[error("key store {path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// Why.
-        source: std::io::Error,
+        /// Why: part of the message, not a source, so that it is printed once.
+        error: std::io::Error,
     },
     /// The store file is not what we write.
     #[error("key store {path} is damaged: {message}")]

@@ -58,10 +58,11 @@ const OPTIONAL: [bool; 8] = [true, false, false, false, false, false, true, fals
 
 /// Why the limiter state could not be written.
 #[derive(Debug, thiserror::Error)]
-#[error("limiter state {path}: {source}")]
+#[error("limiter state {path}: {error}")]
 pub struct SnapshotError {
     path: PathBuf,
-    source: std::io::Error,
+    /// Part of the message, not a source, so that it is printed once.
+    error: std::io::Error,
 }
 
 /// Why this process cannot have the data directory's limits.
@@ -156,9 +157,9 @@ impl EmbeddedStore {
     /// empty: refusing to start would take the whole API down for the sake of some counters.
     pub fn open(data_dir: &Path, bans: BanPolicy) -> Result<EmbeddedStore, SnapshotError> {
         let path = data_dir.join(SNAPSHOT_FILE);
-        let err = |source| SnapshotError {
+        let err = |error| SnapshotError {
             path: path.clone(),
-            source,
+            error,
         };
         let limiter = Limiter::new();
         let mut generation = 0;
@@ -279,7 +280,7 @@ impl EmbeddedStore {
             journal
                 .write_all(&batch(&changed))
                 .and_then(|()| journal.sync_data())
-                .map_err(|source| SnapshotError { path, source })?;
+                .map_err(|error| SnapshotError { path, error })?;
             files.journal_bytes += batch_len(changed.len());
         }
         Ok(())
@@ -303,7 +304,7 @@ impl EmbeddedStore {
         let journal = OpenOptions::new()
             .append(true)
             .open(&path)
-            .map_err(|source| SnapshotError { path, source })?;
+            .map_err(|error| SnapshotError { path, error })?;
         files.generation = generation;
         files.journal = Some(journal);
         files.journal_bytes = header.len() as u64;
@@ -315,9 +316,9 @@ impl EmbeddedStore {
     /// the directory synced, so a crash leaves the old file or the new one.
     fn replace(&self, name: &str, bytes: &[u8]) -> Result<(), SnapshotError> {
         let path = self.dir.join(name);
-        let err = |source| SnapshotError {
+        let err = |error| SnapshotError {
             path: path.clone(),
-            source,
+            error,
         };
         fs::create_dir_all(&self.dir).map_err(err)?;
         let tmp = self.dir.join(format!("{name}.tmp"));
