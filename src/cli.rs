@@ -89,7 +89,7 @@ pub struct Overrides {
     /// The configuration file.
     #[arg(long, global = true, default_value = "config/animal-store.toml")]
     pub config: PathBuf,
-    /// Where the backend's sled database and the key store live [default: data].
+    /// Where the backend's sled database, the key store and the gateway's limits live [default: data].
     #[arg(long, global = true)]
     pub data_dir: Option<PathBuf>,
     /// The gateway's public listener (/v1/...) [default: 127.0.0.1:8080].

@@ -18,7 +18,7 @@ pub const DEFAULT_DATA_DIR: &str = "data";
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
-    /// The backend's sled database and the key store live here.
+    /// The backend's sled database, the key store and the gateway's limits live here.
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
     /// `[backend]`: the pets service.
