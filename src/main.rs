@@ -36,6 +36,29 @@ fn tune_allocator() {
     }
 }
 
+/// Raises the soft limit on open files to the hard limit, as Go's runtime does for every
+/// program and nginx's `worker_rlimit_nofile` is set for: each client connection, upstream
+/// connection and open file takes a descriptor, and the usual soft limit of 1,024 would have a
+/// load test's connections refused, and the writes of keys and limits fail with them. The hard
+/// limit, the administrator's, is left as it is.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok(limits) => limits,
+        Err(e) => {
+            log::warn!("cannot read the limit on open files: {e}");
+            return;
+        }
+    };
+    if soft >= hard {
+        return;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => log::info!("limit on open files raised from {soft} to {hard}"),
+        Err(e) => log::warn!("limit on open files stays {soft}: cannot raise it to {hard}: {e}"),
+    }
+}
+
 /// Logging unless `RUST_LOG` says otherwise: info. The access log (target `access`) is chosen by
 /// `gateway.access_log`.
 const DEFAULT_LOG: &str = "info";
@@ -45,7 +68,14 @@ fn main() -> anyhow::Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(DEFAULT_LOG)).init();
     let cli = Cli::parse();
     let overrides = &cli.overrides;
-    match cli.command.unwrap_or(Command::Serve) {
+    let command = cli.command.unwrap_or(Command::Serve);
+    if matches!(
+        command,
+        Command::Serve | Command::Backend | Command::Gateway
+    ) {
+        raise_open_files_limit();
+    }
+    match command {
         Command::Serve => run::serve(&config::load(overrides)?, overrides),
         Command::Backend => run::backend(&config::load(overrides)?),
         Command::Gateway => run::gateway(&config::load(overrides)?, overrides),

@@ -429,6 +429,66 @@ async fn idle_half_open_connections_do_not_stop_the_gateway() {
     drop(idle);
 }
 
+/// The soft limit on open files is 1,024 on most systems, and every connection takes a
+/// descriptor. Started under a soft limit of 256, `serve` raises it to the hard limit and serves
+/// 600 connections held open at once.
+#[test]
+fn a_low_soft_limit_on_open_files_is_raised_to_the_hard_one() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    use std::io::{Read, Write};
+    const CONNECTIONS: usize = 600;
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    assert!(
+        hard >= 2 * CONNECTIONS as u64,
+        "this test needs a hard limit on open files of at least {}, not {hard}",
+        2 * CONNECTIONS
+    );
+    // This process holds the other ends.
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::launch_after(
+        Some("ulimit -Sn 256"),
+        dir.path(),
+        dir.path().join("data"),
+        &common::shipped_config(),
+        &[],
+    );
+    let limits =
+        std::fs::read_to_string(format!("/proc/{}/limits", stack.proc.child.id())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields[3], hard.to_string(), "{line}");
+    assert!(
+        stack
+            .proc
+            .log_text()
+            .contains("limit on open files raised from 256"),
+        "{}",
+        stack.proc.log_text()
+    );
+
+    let key = stack.enterprise_key(1_000_000, 1_000_000);
+    let request =
+        format!("GET /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n");
+    let mut open = Vec::with_capacity(CONNECTIONS);
+    for i in 0..CONNECTIONS {
+        let mut s = std::net::TcpStream::connect(stack.listen).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut head = [0u8; 12];
+        let read = s.read_exact(&mut head);
+        assert!(
+            read.is_ok() && &head == b"HTTP/1.1 200",
+            "connection {i}: {read:?} {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        open.push(s);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_listener_serves_health_readiness_and_metrics() {
     let dir = tempfile::tempdir().unwrap();

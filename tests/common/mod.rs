@@ -52,8 +52,25 @@ pub struct Proc {
 impl Proc {
     /// Starts `animal-store ARGS` with its stderr in `log`.
     pub fn start(args: &[&str], log: PathBuf) -> Proc {
+        Self::start_after(None, args, log)
+    }
+
+    /// As [`Proc::start`], after `shell`, a bash command line (e.g. `ulimit -Sn 256`) run in the
+    /// same process, which then becomes `animal-store`.
+    pub fn start_after(shell: Option<&str>, args: &[&str], log: PathBuf) -> Proc {
         let stderr = std::fs::File::create(&log).expect("create log file");
-        let child = Command::new(BIN)
+        let mut command = match shell {
+            None => Command::new(BIN),
+            Some(shell) => {
+                let mut command = Command::new("bash");
+                command
+                    .arg("-c")
+                    .arg(format!("{shell} && exec \"$0\" \"$@\""))
+                    .arg(BIN);
+                command
+            }
+        };
+        let child = command
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -273,6 +290,17 @@ impl Stack {
 
     /// `serve` over `data_dir` with more flags (e.g. `--tls-listen`).
     pub fn launch_with(dir: &Path, data_dir: PathBuf, config: &Path, extra: &[&str]) -> Stack {
+        Self::launch_after(None, dir, data_dir, config, extra)
+    }
+
+    /// As [`Stack::launch_with`], `serve` started after `shell` ([`Proc::start_after`]).
+    pub fn launch_after(
+        shell: Option<&str>,
+        dir: &Path,
+        data_dir: PathBuf,
+        config: &Path,
+        extra: &[&str],
+    ) -> Stack {
         let (listen, backend, admin) = (free_addr(), free_addr(), free_addr());
         let (listen_s, backend_s, admin_s) =
             (listen.to_string(), backend.to_string(), admin.to_string());
@@ -290,7 +318,8 @@ impl Stack {
             &admin_s,
         ];
         args.extend_from_slice(extra);
-        let mut proc = Proc::start(&args, dir.join(format!("serve-{}.log", listen.port())));
+        let log = dir.join(format!("serve-{}.log", listen.port()));
+        let mut proc = Proc::start_after(shell, &args, log);
         wait_for_port(listen, &mut proc.child);
         wait_for_port(admin, &mut proc.child);
         wait_for_port(backend, &mut proc.child);
