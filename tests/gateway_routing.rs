@@ -184,6 +184,61 @@ async fn unreachable_upstream_is_502_and_slow_upstream_is_504_while_others_are_s
     assert_error(r, 504, "gateway_timeout").await;
 }
 
+/// A load test ends with its clients closing connections that have requests in flight, through
+/// the gateway and, in turn, to the backend. Nothing failed: with the default log settings
+/// (`RUST_LOG` unset) none of it is logged as an error, and the metrics count those requests
+/// as `client_closed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_go_away_mid_request_are_not_logged_as_errors() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let slow = TestUpstream::start(Duration::from_secs(1)).await;
+    let config = dir.path().join("test-config.toml");
+    let text = format!(
+        "[gateway]\nkey_refresh_ms = 200\n{}",
+        orders_route(&slow, "timeout_ms = 10000")
+    );
+    std::fs::write(&config, text).unwrap();
+    let stack = Stack::launch_after(
+        Some("unset RUST_LOG"),
+        dir.path(),
+        dir.path().join("data"),
+        &config,
+        &[],
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let request = format!(
+        "GET /v1/store/orders/1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+    );
+    let mut gone = Vec::new();
+    for _ in 0..10 {
+        let mut s = std::net::TcpStream::connect(stack.listen).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        gone.push(s);
+        // And to the backend, a head cut short.
+        let mut s = std::net::TcpStream::connect(stack.backend).unwrap();
+        s.write_all(b"GET /v1/pets HTTP/1.1\r\nHost:").unwrap();
+        gone.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(gone);
+    // The upstream answers after 1 s; the gateway then finds each client gone.
+    let admin = stack.admin;
+    tokio::task::spawn_blocking(move || {
+        let series = r#"gateway_responses_total{method="GET",outcome="client_closed",route="/v1/store/orders",status="none"}"#;
+        wait_metric(admin, series, Duration::from_secs(10), |v| v >= 10.0);
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = stack.proc.log_text();
+    assert!(!log.contains(" ERROR "), "{log}");
+    assert!(
+        log.contains(" INFO "),
+        "the default log level is info: {log}"
+    );
+}
+
 /// The header timeout bounds reading a request's head, not answering it: a request proxied to
 /// an upstream slower than `header_timeout_seconds` is answered, on a connection that stays open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

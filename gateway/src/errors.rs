@@ -44,6 +44,9 @@ impl GatewayError {
     /// is gone and nobody is left to answer.
     pub fn from_proxy_error(e: &Error) -> Option<GatewayError> {
         use ErrorType::*;
+        if client_went_away(e) {
+            return None;
+        }
         let error = match (e.etype(), e.esource()) {
             (HTTPStatus(413), _) => {
                 GatewayError::new(ErrorCode::PayloadTooLarge, "the request body is too large")
@@ -56,9 +59,6 @@ impl GatewayError {
                 ErrorCode::BadGateway,
                 "the upstream service could not be reached or answered badly",
             ),
-            // The client went away: nobody to answer.
-            (ReadError | WriteError | ConnectionClosed, ErrorSource::Downstream) => return None,
-            (ReadTimedout, ErrorSource::Downstream) => return None,
             (_, ErrorSource::Downstream) => {
                 GatewayError::new(ErrorCode::InvalidRequest, "the request could not be read")
             }
@@ -78,6 +78,17 @@ impl GatewayError {
         self.retry_after = seconds;
         self
     }
+}
+
+/// Whether `e` says the client went away: it closed or reset its connection, or stopped
+/// sending or reading for longer than the timeouts allow.
+pub fn client_went_away(e: &Error) -> bool {
+    use ErrorType::*;
+    *e.esource() == ErrorSource::Downstream
+        && matches!(
+            e.etype(),
+            ReadError | WriteError | ConnectionClosed | ReadTimedout
+        )
 }
 
 /// Writes `error` as the complete response, with the rate-limit, request-id and (on a
