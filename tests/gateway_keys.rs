@@ -323,36 +323,12 @@ fn a_damaged_key_store_stops_the_gateway_with_a_clear_error() {
 }
 
 /// Runs `animal-store ARGS`, which should fail at start: its exit code and stderr. A process
-/// still running after 20 s fails the test instead of hanging it.
-fn start_fails(args: &[&str]) -> (i32, String) {
+/// still running after 30 s fails the test instead of hanging it.
+fn start_fails(args: &[&str]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
-    let err_path = dir.path().join("stderr");
-    let mut child = std::process::Command::new(common::BIN)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!(
-                "{args:?} still running after 20 s: {}",
-                std::fs::read_to_string(&err_path).unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (
-        status.code().unwrap_or(-1),
-        std::fs::read_to_string(&err_path).unwrap(),
-    )
+    let mut proc = common::Proc::start(args, dir.path().join("stderr"));
+    let code = proc.wait_exit("a start that should fail");
+    (code, proc.log_text())
 }
 
 #[test]
@@ -378,7 +354,7 @@ fn a_second_gateway_on_one_data_directory_is_refused_until_the_first_stops() {
         "--backend-listen",
         &backend.to_string(),
     ]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, Some(1), "{err}");
     let holder = format!(
         "is in use by another gateway (process {})",
         first.proc.child.id()
@@ -428,7 +404,7 @@ fn an_address_that_cannot_be_bound_stops_the_start_naming_it() {
             "--backend-listen",
             &backend,
         ]);
-        assert_eq!(code, 1, "{command}: {err}");
+        assert_eq!(code, Some(1), "{command}: {err}");
         assert!(
             err.contains(&format!("cannot listen on {address} ({flag})")),
             "{command}: {err}"

@@ -193,12 +193,7 @@ async fn clients_that_go_away_mid_request_are_not_logged_as_errors() {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let slow = TestUpstream::start(Duration::from_secs(1)).await;
-    let config = dir.path().join("test-config.toml");
-    let text = format!(
-        "[gateway]\nkey_refresh_ms = 200\n{}",
-        orders_route(&slow, "timeout_ms = 10000")
-    );
-    std::fs::write(&config, text).unwrap();
+    let config = Stack::config_with_text(dir.path(), &orders_route(&slow, "timeout_ms = 10000"));
     let stack = Stack::launch_after(
         Some("unset RUST_LOG"),
         dir.path(),

@@ -102,9 +102,9 @@ impl Proc {
         self.wait_exit(signal)
     }
 
-    /// Waits up to 30 s for the exit that `signal`, already sent, asked for; returns the exit
-    /// code.
-    pub fn wait_exit(&mut self, signal: Signal) -> Option<i32> {
+    /// Waits up to 30 s for the exit that `cause` (a signal already sent, or a failing start)
+    /// should bring; returns the exit code.
+    pub fn wait_exit(&mut self, cause: impl std::fmt::Display) -> Option<i32> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -112,7 +112,7 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("animal-store did not exit within 30 s of {signal}");
+        panic!("animal-store did not exit within 30 s of {cause}");
     }
 
     pub fn log_text(&self) -> String {
@@ -262,13 +262,18 @@ impl Stack {
     /// A stack whose configuration is the shipped one's `[backend]` defaults plus `gateway_toml`
     /// (which holds `[gateway]` keys first, then any tables).
     pub fn start_with_text(dir: &Path, gateway_toml: &str) -> Stack {
+        Self::start_with(dir, &Self::config_with_text(dir, gateway_toml))
+    }
+
+    /// The configuration file of [`Stack::start_with_text`], written in `dir`.
+    pub fn config_with_text(dir: &Path, gateway_toml: &str) -> PathBuf {
         let config = dir.join("test-config.toml");
         std::fs::write(
             &config,
             format!("[gateway]\nkey_refresh_ms = 200\n{gateway_toml}"),
         )
         .unwrap();
-        Self::start_with(dir, &config)
+        config
     }
 
     pub fn start_with(dir: &Path, config: &Path) -> Stack {
