@@ -6,6 +6,7 @@ use animal_store_gateway::NewKey;
 
 use crate::cli::KeysCommand;
 use crate::config::FileConfig;
+use crate::output;
 
 /// Runs one `keys` subcommand.
 pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
@@ -28,20 +29,20 @@ pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
                 expires_in,
             };
             let (record, key) = store.blocking(store.create(plans, new))?;
+            output::print_key(&store, &record, &key)?;
             eprintln!(
                 "issued key {} on plan {}; it is shown only this once",
                 record.id, record.plan
             );
-            println!("{key}");
         }
         KeysCommand::Rotate { id_or_key, overlap } => {
             let (record, key) = store.blocking(store.rotate(&id_or_key, overlap))?;
+            output::print_key(&store, &record, &key)?;
             eprintln!(
                 "issued key {} to succeed the one given; it is shown only this once. The old key works for {} more",
                 record.id,
                 humantime::format_duration(overlap)
             );
-            println!("{key}");
         }
         KeysCommand::List { json } => {
             let records = store.blocking(store.load())?;
@@ -64,37 +65,44 @@ pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
                     })
                 })
                 .collect();
-            if json {
-                println!("{}", serde_json::Value::Array(rows));
+            let text = if json {
+                serde_json::Value::Array(rows).to_string()
             } else {
-                for row in rows {
-                    let text = |field: &str| match &row[field] {
-                        serde_json::Value::Null => "-".to_owned(),
-                        serde_json::Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    };
-                    println!(
-                        "{}\tname={}\tplan={}\tper_minute={}\tper_day={}\tcreated={}\texpires={}\tlast_used={}\trevoked={}\tsuccessor={}",
-                        text("id"),
-                        text("name"),
-                        text("plan"),
-                        text("per_minute"),
-                        text("per_day"),
-                        text("created"),
-                        text("expires"),
-                        text("last_used"),
-                        text("revoked"),
-                        text("successor")
-                    );
-                }
+                let lines: Vec<String> = rows.iter().map(tab_separated).collect();
+                lines.join("\n")
+            };
+            if !text.is_empty() {
+                output::print(&text)?;
             }
         }
         KeysCommand::Revoke { id_or_key } => {
             let record = store.blocking(store.revoke(&id_or_key))?;
-            println!("revoked key {}", record.id);
+            output::print(&format!("revoked key {}", record.id))?;
         }
     }
     Ok(())
+}
+
+/// One row of `keys list`: the id, then `field=value` pairs, `-` for none.
+fn tab_separated(row: &serde_json::Value) -> String {
+    let text = |field: &str| match &row[field] {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    format!(
+        "{}\tname={}\tplan={}\tper_minute={}\tper_day={}\tcreated={}\texpires={}\tlast_used={}\trevoked={}\tsuccessor={}",
+        text("id"),
+        text("name"),
+        text("plan"),
+        text("per_minute"),
+        text("per_day"),
+        text("created"),
+        text("expires"),
+        text("last_used"),
+        text("revoked"),
+        text("successor")
+    )
 }
 
 /// Unix seconds as RFC 3339 UTC, to the second (last use is recorded to the minute).

@@ -4,6 +4,7 @@
 mod cli;
 mod config;
 mod keys;
+mod output;
 mod run;
 
 use clap::Parser;
@@ -85,8 +86,7 @@ fn main() -> anyhow::Result<()> {
         Command::CheckConfig { file } => {
             let path = file.as_ref().unwrap_or(&overrides.config);
             config::check_files(&config::read(path)?)?;
-            println!("{}: ok", path.display());
-            Ok(())
+            Ok(output::print(&format!("{}: ok", path.display()))?)
         }
     }
 }

@@ -10,6 +10,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::cli::Overrides;
 use crate::config::FileConfig;
+use crate::output;
 
 /// Resolves on SIGTERM or SIGINT: stop accepting, finish what is in flight, flush, exit 0.
 ///
@@ -174,8 +175,9 @@ impl Gateway {
 }
 
 /// On first start with an empty key store, issues one Free key and prints it with a ready
-/// `curl` line, so a newcomer can call the API at once. The key is never shown again. A shared
-/// store (Redis) out of reach is no reason not to start: the gateway says so itself.
+/// `curl` line, so a newcomer can call the API at once. The key is never shown again; if stdout
+/// cannot take it, it is revoked and the start goes on (`output::print_key`). A shared store
+/// (Redis) out of reach is no reason not to start: the gateway says so itself.
 fn issue_first_key(config: &FileConfig, settings: &Settings) -> anyhow::Result<()> {
     let store = animal_store_gateway::key_source(settings, &config.data_dir)?;
     let existing = store.blocking(store.load());
@@ -193,10 +195,13 @@ fn issue_first_key(config: &FileConfig, settings: &Settings) -> anyhow::Result<(
         ..NewKey::on("free")
     };
     let (record, key) = store.blocking(store.create(&settings.plans, first))?;
-    println!(
+    let banner = format!(
         "No API keys yet, so one Free-plan key was issued (id {}). It is shown only this once:\n\n    {key}\n\nTry it:\n\n    curl -i -H 'Authorization: Bearer {key}' {url}/v1/pets\n\nThe API's reference is at {url}/v1/docs\n",
         record.id,
         url = settings.public_url
     );
+    if let Err(e) = output::print_key(&store, &record, &banner) {
+        log::warn!("{e}; issue one with `animal-store keys create --plan free`");
+    }
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Stack, assert_error, client, key_id};
@@ -144,4 +145,73 @@ async fn keys_list_shows_the_last_use_to_the_minute_written_without_a_write_per_
     for field in ["expires=-", "revoked=-", "successor=-", "per_minute=300"] {
         assert!(used_line.contains(field), "{field} in {used_line}");
     }
+}
+
+/// Runs `animal-store keys ARGS` against the stack with `stdout` as its standard output;
+/// returns (exit code, stderr).
+fn keys_into(stack: &Stack, stdout: impl Into<Stdio>, args: &[&str]) -> (i32, String) {
+    let out = Command::new(common::BIN)
+        .arg("keys")
+        .args(args)
+        .args(["--config", stack.config.to_str().unwrap()])
+        .args(["--data-dir", stack.data_dir.to_str().unwrap()])
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run animal-store keys");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (out.status.code().unwrap_or(-1), stderr)
+}
+
+fn dev_full() -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_key_that_cannot_be_printed_is_revoked_and_a_reader_gone_is_no_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // The first start's key, with stdout full: revoked, and the start goes on.
+    let shipped = common::shipped_config();
+    let stack = Stack::launch_after(Some("exec >/dev/full"), dir.path(), data, &shipped, &[]);
+    let log = stack.proc.log_text();
+    assert!(
+        log.contains("could not be written to standard output")
+            && log.contains("so it was revoked; issue one with `animal-store keys create"),
+        "{log}"
+    );
+    let listed = list_json(&stack);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["name"], "first-run");
+    assert!(listed[0]["revoked"].is_string(), "{listed:?}");
+
+    // `keys create` into a full stdout: exit 1, and the key, shown to no one, is revoked.
+    let (code, err) = keys_into(&stack, dev_full(), &["create", "--plan", "free"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("so it was revoked"), "{err}");
+    let listed = list_json(&stack);
+    assert_eq!(listed.len(), 2);
+    assert!(
+        listed.iter().all(|k| k["revoked"].is_string()),
+        "{listed:?}"
+    );
+
+    // A rotation whose successor could not be printed can be made again.
+    let old = stack.enterprise_key(10, 1000);
+    let (code, err) = keys_into(&stack, dev_full(), &["rotate", key_id(&old)]);
+    assert_eq!(code, 1, "{err}");
+    let (code, new, err) = stack.keys_cli(&["rotate", key_id(&old)]);
+    assert_eq!(code, 0, "{err}");
+    wait_status(&stack, new.trim(), 200, Duration::from_secs(5)).await;
+    wait_status(&stack, &old, 200, Duration::from_secs(5)).await;
+
+    // `keys list | head -0`: the reader has gone before the list is written. No panic, exit 0.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let (code, err) = keys_into(&stack, writer, &["list"]);
+    assert_eq!(code, 0, "{err}");
 }

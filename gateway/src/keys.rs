@@ -147,6 +147,7 @@ pub fn new_key(plans: &Plans, new: NewKey) -> Result<(KeyRecord, String), KeyErr
 
 /// Issues the successor of the usable key named by an id or by the key itself: same name, plan
 /// and limits, sharing its counters; the old key keeps working for `overlap`, then expires.
+/// A key whose successor was revoked (it leaked, or was never shown) may be rotated again.
 /// Returns the successor's record and key.
 pub fn rotate_in(
     keys: &mut Vec<KeyRecord>,
@@ -162,7 +163,11 @@ pub fn rotate_in(
             old.id
         )));
     }
-    if let Some(successor) = &old.successor {
+    if let Some(successor) = &old.successor
+        && keys
+            .iter()
+            .any(|k| &k.id == successor && k.revoked.is_none())
+    {
         return Err(KeyError::Plan(format!(
             "key {} was already rotated to {successor}; rotate that one",
             old.id
@@ -393,6 +398,25 @@ mod tests {
         assert_eq!(id_of_key(&k1), Some(id1));
         assert_eq!(id_of_key(&k2), Some(id2));
         assert_eq!(k1.len(), 3 + 16 + 1 + 64);
+    }
+
+    #[test]
+    fn a_key_is_rotated_once_unless_its_successor_was_revoked() {
+        let overlap = std::time::Duration::from_secs(3600);
+        let (first, _) = new_key(&Plans::defaults(), NewKey::on("free")).unwrap();
+        let mut keys = vec![first.clone()];
+        let (successor, _) = rotate_in(&mut keys, &first.id, overlap).unwrap();
+        let again = rotate_in(&mut keys, &first.id, overlap).unwrap_err();
+        assert!(again.to_string().contains("already rotated"), "{again}");
+
+        revoke_in(&mut keys, &successor.id).unwrap();
+        let (second, _) = rotate_in(&mut keys, &first.id, overlap).unwrap();
+        assert_eq!(keys[0].successor.as_deref(), Some(second.id.as_str()));
+        assert_eq!(second.counters.as_deref(), Some(first.id.as_str()));
+        assert!(
+            keys[0].usable(unix_now()),
+            "the old key works through the overlap"
+        );
     }
 
     proptest! {
