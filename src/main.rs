@@ -4,6 +4,7 @@
 mod cli;
 mod config;
 mod keys;
+mod logging;
 mod output;
 mod run;
 
@@ -60,15 +61,9 @@ fn raise_open_files_limit() {
     }
 }
 
-/// Logging unless `RUST_LOG` says otherwise: info. The access log (target `access`) is chosen by
-/// `gateway.access_log`. warp's server logs as an error each connection that a client closed
-/// with a request unfinished (after a load test, one line per connection it had open), and
-/// nothing else at that level in the way the backend serves: those lines are left out.
-const DEFAULT_LOG: &str = "info,warp::server=off";
-
 fn main() -> anyhow::Result<()> {
     tune_allocator();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(DEFAULT_LOG)).init();
+    logging::init();
     let cli = Cli::parse();
     let overrides = &cli.overrides;
     let command = cli.command.unwrap_or(Command::Serve);
