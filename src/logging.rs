@@ -1,5 +1,7 @@
-//! The process's log: env_logger, as `RUST_LOG` chooses (info by default), with one line of
-//! pingora's that reports no failure turned down from error to debug.
+//! The process's log: env_logger, as `RUST_LOG` chooses (info by default), with lines of
+//! pingora's and rustls's that report what a client did, not a fault, turned down.
+
+use std::borrow::Cow;
 
 use log::{Level, Log, Metadata, Record};
 
@@ -9,18 +11,50 @@ use log::{Level, Log, Metadata, Record};
 /// nothing else at that level in the way the backend serves: those lines are left out.
 const DEFAULT_LOG: &str = "info,warp::server=off";
 
-/// pingora 0.9 logs this as an error when a request loses a race for an idle upstream
-/// connection (`TransportConnector::reused_stream`: the connection's idle task, on another
-/// thread, has let go of its lock but not yet of its reference, so `Arc::try_unwrap` fails).
-/// Nothing fails: the request opens a new connection. Through `serve` on two cores under `wrk`
-/// it came 204 times in 10 s (one request in a thousand), each an ERROR line for an operator to
-/// chase; pingora's issue #201 asks the same of its level.
-const POOL_RACE: (&str, &str) = (
-    "pingora_core::connectors",
-    "failed to acquire reusable stream",
-);
+/// The level `record` is logged at: its own, except for these, which pingora 0.9 and rustls
+/// log per connection or per request for what a client did (pingora's issue #201 asks the
+/// same of the first):
+/// - "failed to acquire reusable stream", an error: a request lost a race for an idle upstream
+///   connection (the connection's idle task, on another thread, has let go of its lock but not
+///   yet of its reference, so `Arc::try_unwrap` fails) and opens a new one. Nothing fails.
+///   Through `serve` on two cores under `wrk` it came 204 times in 10 s. Debug.
+/// - "Downstream handshake error", an error: a TLS handshake failed. A client that closed or
+///   reset its connection before the handshake was done (a load balancer's TCP health check, a
+///   port scan, a load test ending) is debug; any other failure (a client that does not trust
+///   the certificate, or shares no protocol version) is a warning, for what it says about the
+///   certificate or the clients. "Downstream handshake timeout" (60 s) is a warning too.
+/// - rustls's "Illegal SNI extension", a warning: the client sent an IP address as the server
+///   name (wrk does), which rustls ignores. Debug.
+fn level_for(record: &Record) -> Level {
+    let level = record.level();
+    let text = || match record.args().as_str() {
+        Some(text) => Cow::Borrowed(text),
+        None => Cow::Owned(record.args().to_string()),
+    };
+    match (level, record.target()) {
+        (Level::Error, "pingora_core::connectors")
+            if text() == "failed to acquire reusable stream" =>
+        {
+            Level::Debug
+        }
+        (Level::Error, "pingora_core::services::listening") => {
+            let text = text();
+            if !text.starts_with("Downstream handshake") {
+                level
+            } else if text.contains("handshake eof") || text.contains("reset by peer") {
+                Level::Debug
+            } else {
+                Level::Warn
+            }
+        }
+        (Level::Warn, "rustls::msgs::handshake") if text().starts_with("Illegal SNI") => {
+            Level::Debug
+        }
+        _ => level,
+    }
+}
 
-/// env_logger, with [`POOL_RACE`] demoted to debug.
+/// env_logger, with the levels of [`level_for`].
 struct Logger(env_logger::Logger);
 
 impl Log for Logger {
@@ -29,16 +63,14 @@ impl Log for Logger {
     }
 
     fn log(&self, record: &Record) {
-        let pool_race = record.level() == Level::Error
-            && record.target() == POOL_RACE.0
-            && record.args().as_str() == Some(POOL_RACE.1);
-        if !pool_race {
+        let level = level_for(record);
+        if level == record.level() {
             return self.0.log(record);
         }
         self.0.log(
             &Record::builder()
                 .args(*record.args())
-                .level(Level::Debug)
+                .level(level)
                 .target(record.target())
                 .module_path(record.module_path())
                 .file(record.file())
@@ -83,9 +115,9 @@ mod tests {
         }
     }
 
-    /// Logs pingora's line, and another error of the same target, through our logger built
-    /// with `filters`; returns what it wrote.
-    fn written_with(filters: &str) -> String {
+    /// Logs each (level, target, message) through our logger built with `filters`; returns
+    /// what it wrote.
+    fn written_with(filters: &str, records: &[(Level, &str, &str)]) -> String {
         let written = Written::default();
         let logger = Logger(
             env_logger::Builder::new()
@@ -93,34 +125,74 @@ mod tests {
                 .target(env_logger::Target::Pipe(Box::new(written.clone())))
                 .build(),
         );
-        for message in [
-            format_args!("failed to acquire reusable stream"),
-            format_args!("other"),
-        ] {
+        for (level, target, message) in records {
             logger.log(
                 &Record::builder()
-                    .args(message)
-                    .level(Level::Error)
-                    .target("pingora_core::connectors")
+                    .args(format_args!("{message}"))
+                    .level(*level)
+                    .target(target)
                     .build(),
             );
         }
         String::from_utf8(written.0.lock().unwrap().clone()).unwrap()
     }
 
+    const LISTENING: &str = "pingora_core::services::listening";
+
+    /// Lines as pingora and rustls log them, and others of the same targets.
+    const RECORDS: [(Level, &str, &str); 6] = [
+        (
+            Level::Error,
+            "pingora_core::connectors",
+            "failed to acquire reusable stream",
+        ),
+        (Level::Error, "pingora_core::connectors", "other"),
+        (
+            Level::Error,
+            LISTENING,
+            "Downstream handshake error from 127.0.0.1:1:  TLSHandshakeFailure context: tls connect error: tls handshake eof",
+        ),
+        (
+            Level::Error,
+            LISTENING,
+            "Downstream handshake error from 127.0.0.1:2:  TLSHandshakeFailure context: received fatal alert: UnknownCA",
+        ),
+        (
+            Level::Error,
+            LISTENING,
+            "Accept() failed Too many open files",
+        ),
+        (
+            Level::Warn,
+            "rustls::msgs::handshake",
+            "Illegal SNI extension: ignoring IP address presented as hostname (3132372e302e302e31)",
+        ),
+    ];
+
     #[test]
-    fn pingoras_pool_race_is_logged_at_debug_and_other_errors_as_they_come() {
-        let info = written_with(DEFAULT_LOG);
-        assert!(!info.contains("reusable"), "{info}");
+    fn what_clients_do_is_logged_below_the_faults() {
+        let info = written_with(DEFAULT_LOG, &RECORDS);
+        let lines: Vec<&str> = info.lines().collect();
+        assert_eq!(lines.len(), 3, "{info}");
         assert!(
-            info.contains("ERROR pingora_core::connectors] other"),
+            lines[0].contains("ERROR pingora_core::connectors] other"),
+            "{info}"
+        );
+        assert!(lines[1].contains("WARN  pingora_core::services::listening] Downstream handshake error from 127.0.0.1:2"), "{info}");
+        assert!(
+            lines[2].contains("ERROR pingora_core::services::listening] Accept() failed"),
             "{info}"
         );
 
-        let debug = written_with("debug");
-        assert!(
-            debug.contains("DEBUG pingora_core::connectors] failed to acquire reusable stream"),
-            "{debug}"
-        );
+        let debug = written_with("debug", &RECORDS);
+        assert_eq!(debug.lines().count(), 6, "{debug}");
+        for demoted in ["reusable stream", "127.0.0.1:1", "Illegal SNI"] {
+            assert!(
+                debug
+                    .lines()
+                    .any(|l| l.contains("DEBUG") && l.contains(demoted)),
+                "{demoted} at debug: {debug}"
+            );
+        }
     }
 }

@@ -538,3 +538,72 @@ async fn slow_heads_and_silent_connections_over_https_are_closed() {
         "the silent connection is still open: {read:?}"
     );
 }
+
+/// HTTP/2 clients that go away with requests in flight, by cancelling their streams or by
+/// closing the connection, are no failure: nothing is logged above debug and each request
+/// counts as `client_closed`, as over HTTP/1.1 (`tests/gateway_routing.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_that_go_away_mid_request_are_counted_not_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let slow = common::TestUpstream::start(Duration::from_secs(1)).await;
+    let routes = format!(
+        "{}\n[[gateway.routes]]\nprefix = \"/v1/store/orders\"\nupstream = \"{}\"\ntimeout_ms = 10000\n",
+        common::PETS_ROUTE,
+        slow.addr
+    );
+    let config = Stack::config_with_text(dir.path(), &routes);
+    let tls = free_addr();
+    let mut stack = Stack::start_with_args(
+        dir.path(),
+        &config,
+        &[
+            "--tls-listen",
+            &tls.to_string(),
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    common::wait_for_port(tls, &mut stack.proc.child);
+    let api_key = stack.key(&["--plan", "pro"]);
+
+    // Two connections with five requests each: the first cancels its streams, the second is
+    // closed with its streams open.
+    for close_connection in [false, true] {
+        let stream = ca.connect(tls, b"h2").await;
+        let (mut send, connection) = h2::client::handshake(stream).await.unwrap();
+        let driver = tokio::spawn(connection);
+        let mut pending = Vec::new();
+        for _ in 0..5 {
+            let request = http::Request::get(format!(
+                "https://localhost:{}/v1/store/orders/1",
+                tls.port()
+            ))
+            .header("authorization", format!("Bearer {api_key}"))
+            .body(())
+            .unwrap();
+            send = send.ready().await.unwrap();
+            let (response, _) = send.send_request(request, true).unwrap();
+            pending.push(response);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if close_connection {
+            driver.abort();
+        }
+        drop(pending);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        driver.abort();
+    }
+    let admin = stack.admin;
+    tokio::task::spawn_blocking(move || {
+        let series = r#"gateway_responses_total{method="GET",outcome="client_closed",route="/v1/store/orders",status="none"}"#;
+        wait_metric(admin, series, Duration::from_secs(10), |v| v >= 10.0);
+    })
+    .await
+    .unwrap();
+    let log = stack.proc.log_text();
+    assert!(!log.contains(" WARN ") && !log.contains(" ERROR "), "{log}");
+}

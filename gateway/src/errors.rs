@@ -80,15 +80,39 @@ impl GatewayError {
     }
 }
 
-/// Whether `e` says the client went away: it closed or reset its connection, or stopped
-/// sending or reading for longer than the timeouts allow.
+/// Whether `e` says the client went away: it closed or reset its connection, cancelled its
+/// HTTP/2 stream, or stopped sending or reading for longer than the timeouts allow.
 pub fn client_went_away(e: &Error) -> bool {
     use ErrorType::*;
     *e.esource() == ErrorSource::Downstream
-        && matches!(
-            e.etype(),
-            ReadError | WriteError | ConnectionClosed | ReadTimedout
-        )
+        && match e.etype() {
+            ReadError | WriteError | ConnectionClosed | ReadTimedout => true,
+            H2Error => h2_client_gone(e),
+            _ => false,
+        }
+}
+
+/// Whether an HTTP/2 error, or one it wraps, is the client's leaving: pingora says "Client
+/// closed H2" (in words only) when the client reset the stream, and wraps the `h2` crate's
+/// error when the connection ended or the client reset or closed it. A protocol error of the
+/// client's is none of these.
+fn h2_client_gone(e: &Error) -> bool {
+    if e.context
+        .as_ref()
+        .is_some_and(|c| c.as_str().starts_with("Client closed H2"))
+    {
+        return true;
+    }
+    let Some(cause) = e.cause.as_deref() else {
+        return false;
+    };
+    // pingora wraps its own error as the `Box<Error>` it was, boxed once more.
+    if let Some(inner) = cause.downcast_ref::<Box<Error>>() {
+        return h2_client_gone(inner);
+    }
+    cause
+        .downcast_ref::<h2::Error>()
+        .is_some_and(|h2| h2.is_io() || h2.is_remote())
 }
 
 /// Writes `error` as the complete response, with the rate-limit, request-id and (on a

@@ -75,6 +75,15 @@ impl TestCa {
         &self,
         addr: std::net::SocketAddr,
     ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        self.connect(addr, b"http/1.1").await
+    }
+
+    /// A raw TLS connection to `addr` trusting only this CA, offering only `alpn`.
+    pub async fn connect(
+        &self,
+        addr: std::net::SocketAddr,
+        alpn: &[u8],
+    ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
         use rustls_pki_types::CertificateDer;
         use rustls_pki_types::pem::PemObject;
         let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
@@ -85,7 +94,7 @@ impl TestCa {
         let mut config = tokio_rustls::rustls::ClientConfig::builder()
             .with_root_certificates(roots)
             .with_no_client_auth();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![alpn.to_vec()];
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
             .connect("localhost".try_into().unwrap(), tcp)
