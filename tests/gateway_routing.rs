@@ -218,13 +218,7 @@ async fn clients_that_go_away_mid_request_are_not_logged_as_errors() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     drop(gone);
     // The upstream answers after 1 s; the gateway then finds each client gone.
-    let admin = stack.admin;
-    tokio::task::spawn_blocking(move || {
-        let series = r#"gateway_responses_total{method="GET",outcome="client_closed",route="/v1/store/orders",status="none"}"#;
-        wait_metric(admin, series, Duration::from_secs(10), |v| v >= 10.0);
-    })
-    .await
-    .unwrap();
+    common::wait_client_closed(stack.admin, "/v1/store/orders", 10.0).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let log = stack.proc.log_text();
     assert!(!log.contains(" ERROR "), "{log}");

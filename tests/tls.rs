@@ -14,11 +14,16 @@ use reqwest::Version;
 
 /// A stack serving HTTPS on an extra port with `cert` and `key`.
 fn tls_stack(dir: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
+    tls_stack_with(dir, &shipped_config(), cert, key)
+}
+
+/// As [`tls_stack`], with the configuration file `config`.
+fn tls_stack_with(dir: &Path, config: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
     let tls = free_addr();
     let tls_s = tls.to_string();
     let mut stack = Stack::start_with_args(
         dir,
-        &shipped_config(),
+        config,
         &[
             "--tls-listen",
             &tls_s,
@@ -481,20 +486,7 @@ async fn slow_heads_and_silent_connections_over_https_are_closed() {
         .replace("header_timeout_seconds = 10", "header_timeout_seconds = 1");
     assert_ne!(short, shipped, "the shipped timeouts moved");
     std::fs::write(&config, short).unwrap();
-    let tls = free_addr();
-    let mut stack = Stack::start_with_args(
-        dir.path(),
-        &config,
-        &[
-            "--tls-listen",
-            &tls.to_string(),
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-    );
-    common::wait_for_port(tls, &mut stack.proc.child);
+    let (stack, tls) = tls_stack_with(dir.path(), &config, &cert, &key);
     let api_key = stack.key(&["--plan", "pro"]);
     let silent = ca.connect_http1(tls).await;
 
@@ -554,20 +546,7 @@ async fn http2_clients_that_go_away_mid_request_are_counted_not_logged() {
         slow.addr
     );
     let config = Stack::config_with_text(dir.path(), &routes);
-    let tls = free_addr();
-    let mut stack = Stack::start_with_args(
-        dir.path(),
-        &config,
-        &[
-            "--tls-listen",
-            &tls.to_string(),
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-    );
-    common::wait_for_port(tls, &mut stack.proc.child);
+    let (stack, tls) = tls_stack_with(dir.path(), &config, &cert, &key);
     let api_key = stack.key(&["--plan", "pro"]);
 
     // Two connections with five requests each: the first cancels its streams, the second is
@@ -597,13 +576,7 @@ async fn http2_clients_that_go_away_mid_request_are_counted_not_logged() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         driver.abort();
     }
-    let admin = stack.admin;
-    tokio::task::spawn_blocking(move || {
-        let series = r#"gateway_responses_total{method="GET",outcome="client_closed",route="/v1/store/orders",status="none"}"#;
-        wait_metric(admin, series, Duration::from_secs(10), |v| v >= 10.0);
-    })
-    .await
-    .unwrap();
+    common::wait_client_closed(stack.admin, "/v1/store/orders", 10.0).await;
     let log = stack.proc.log_text();
     assert!(!log.contains(" WARN ") && !log.contains(" ERROR "), "{log}");
 }

@@ -681,6 +681,18 @@ pub fn wait_metric(admin: SocketAddr, name: &str, within: Duration, want: impl F
     }
 }
 
+/// Waits up to 10 s until `n` GETs to `route` count as `client_closed` with no response begun.
+pub async fn wait_client_closed(admin: SocketAddr, route: &str, n: f64) {
+    let series = format!(
+        r#"gateway_responses_total{{method="GET",outcome="client_closed",route="{route}",status="none"}}"#
+    );
+    tokio::task::spawn_blocking(move || {
+        wait_metric(admin, &series, Duration::from_secs(10), |v| v >= n);
+    })
+    .await
+    .unwrap();
+}
+
 /// The gateway alone (`animal-store gateway`), in front of a backend started separately, with
 /// a data directory of its own.
 pub struct GatewayOnly {
