@@ -277,7 +277,17 @@ fn unusable_certificates_are_clear_errors_at_start_and_in_check_config() {
     let (expired_cert, expired_key) = ca.leaf(dir.path(), "expired", true);
     let _ = other_cert;
     let missing = dir.path().join("missing.crt");
-    let cases: [(&Path, &Path, &str, &Path); 4] = [
+    let cut = dir.path().join("cut.crt");
+    let pem = std::fs::read(&cert).unwrap();
+    let end = pem.windows(8).position(|w| w == b"-----END").unwrap();
+    std::fs::write(&cut, &pem[..end]).unwrap();
+    let cases: [(&Path, &Path, &str, &Path); 5] = [
+        (
+            &cut,
+            &key,
+            "it is cut off: no -----END CERTIFICATE----- line",
+            &cut,
+        ),
         (&missing, &key, "cannot read it", &missing),
         (
             &cert,

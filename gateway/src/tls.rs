@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 use pingora::listeners::tls::TlsSettings;
 use pingora::tls::sign::CertifiedKey;
 use pingora::tls::{CertificateDer, ClientHello, PrivateKeyDer, ResolvesServerCert};
-use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::pem::{self, PemObject};
 
 /// The certificate chain and key files of the TLS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +52,12 @@ pub fn load(files: &TlsFiles, now: SystemTime) -> Result<Arc<CertifiedKey>, TlsE
     let cert_pem = read(&files.cert)?;
     let chain = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| error(&files.cert, format!("not a PEM certificate: {e}")))?;
+        .map_err(|e| {
+            error(
+                &files.cert,
+                format!("not a PEM certificate: {}", pem_problem(e)),
+            )
+        })?;
     let Some(leaf) = chain.first() else {
         return Err(error(
             &files.cert,
@@ -61,8 +66,12 @@ pub fn load(files: &TlsFiles, now: SystemTime) -> Result<Arc<CertifiedKey>, TlsE
     };
     check_validity(&files.cert, leaf, now)?;
     let key_pem = read(&files.key)?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem)
-        .map_err(|e| error(&files.key, format!("no PEM private key in it: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        error(
+            &files.key,
+            format!("no PEM private key in it: {}", pem_problem(e)),
+        )
+    })?;
     pingora::tls::install_default_crypto_provider();
     let provider = pingora::tls::CryptoProvider::get_default().expect("installed just above");
     let signer = provider
@@ -80,6 +89,22 @@ pub fn load(files: &TlsFiles, now: SystemTime) -> Result<Arc<CertifiedKey>, TlsE
         )
     })?;
     Ok(Arc::new(certified))
+}
+
+/// What is wrong with a PEM file, in words: rustls-pki-types shows the lines it quotes as lists
+/// of byte values.
+fn pem_problem(e: pem::Error) -> String {
+    match e {
+        pem::Error::MissingSectionEnd { end_marker } => format!(
+            "it is cut off: no -----END {}----- line",
+            String::from_utf8_lossy(&end_marker)
+        ),
+        pem::Error::IllegalSectionStart { line } => format!(
+            "a malformed -----BEGIN line: {}",
+            String::from_utf8_lossy(&line).trim_end()
+        ),
+        other => other.to_string(),
+    }
 }
 
 fn check_validity(path: &Path, leaf: &CertificateDer<'_>, now: SystemTime) -> Result<(), TlsError> {
@@ -112,7 +137,7 @@ pub fn load_ca(path: &Path) -> Result<Vec<pingora::utils::tls::WrappedX509>, Tls
     let pem = std::fs::read(path).map_err(|e| error(path, format!("cannot read it: {e}")))?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| error(path, format!("not a PEM certificate: {e}")))?;
+        .map_err(|e| error(path, format!("not a PEM certificate: {}", pem_problem(e))))?;
     if certs.is_empty() {
         return Err(error(path, "no certificate in it"));
     }
