@@ -23,6 +23,11 @@ const DEFAULT_LOG: &str = "info,warp::server=off";
 ///   port scan, a load test ending) is debug; any other failure (a client that does not trust
 ///   the certificate, or shares no protocol version) is a warning, for what it says about the
 ///   certificate or the clients. "Downstream handshake timeout" (60 s) is a warning too.
+/// - pingora_proxy's "Fail to proxy: Downstream ConnectionClosed" or "... ReadError" "while
+///   reading request headers", an error: a client closed or reset its connection in the middle of
+///   a request head (a client's own timeout, a probe sending a line and hanging up). No request
+///   was read, so nothing was refused or failed. Debug. (A head that is slow is the header
+///   timeout's, counted in `gateway_client_timeouts_total`.)
 /// - rustls's "Illegal SNI extension", a warning: the client sent an IP address as the server
 ///   name (wrk does), which rustls ignores. Debug.
 fn level_for(record: &Record) -> Level {
@@ -46,6 +51,15 @@ fn level_for(record: &Record) -> Level {
             } else {
                 Level::Warn
             }
+        }
+        (Level::Error, "pingora_proxy") => {
+            let head_cut_short = text()
+                .strip_prefix("Fail to proxy: Downstream ")
+                .is_some_and(|t| {
+                    (t.starts_with("ConnectionClosed") || t.starts_with("ReadError"))
+                        && t.contains("while reading request headers")
+                });
+            if head_cut_short { Level::Debug } else { level }
         }
         (Level::Warn, "rustls::msgs::handshake") if text().starts_with("Illegal SNI") => {
             Level::Debug
@@ -140,7 +154,22 @@ mod tests {
     const LISTENING: &str = "pingora_core::services::listening";
 
     /// Lines as pingora and rustls log them, and others of the same targets.
-    const RECORDS: [(Level, &str, &str); 6] = [
+    const RECORDS: [(Level, &str, &str); 9] = [
+        (
+            Level::Error,
+            "pingora_proxy",
+            "Fail to proxy: Downstream ConnectionClosed context: while reading request headers, bytes already read: 32, downstream session type: h1",
+        ),
+        (
+            Level::Error,
+            "pingora_proxy",
+            "Fail to proxy: Downstream ReadError context: while reading request headers cause: Connection reset by peer (os error 104), downstream session type: h1",
+        ),
+        (
+            Level::Error,
+            "pingora_proxy",
+            "Fail to proxy: Upstream ConnectTimedout context: while connecting, status: 502, tries: 1, retry: false, GET /v1/pets, Host: x",
+        ),
         (
             Level::Error,
             "pingora_core::connectors",
@@ -173,20 +202,30 @@ mod tests {
     fn what_clients_do_is_logged_below_the_faults() {
         let info = written_with(DEFAULT_LOG, &RECORDS);
         let lines: Vec<&str> = info.lines().collect();
-        assert_eq!(lines.len(), 3, "{info}");
+        assert_eq!(lines.len(), 4, "{info}");
         assert!(
-            lines[0].contains("ERROR pingora_core::connectors] other"),
+            lines[0].contains("ERROR pingora_proxy] Fail to proxy: Upstream ConnectTimedout"),
             "{info}"
         );
-        assert!(lines[1].contains("WARN  pingora_core::services::listening] Downstream handshake error from 127.0.0.1:2"), "{info}");
         assert!(
-            lines[2].contains("ERROR pingora_core::services::listening] Accept() failed"),
+            lines[1].contains("ERROR pingora_core::connectors] other"),
+            "{info}"
+        );
+        assert!(lines[2].contains("WARN  pingora_core::services::listening] Downstream handshake error from 127.0.0.1:2"), "{info}");
+        assert!(
+            lines[3].contains("ERROR pingora_core::services::listening] Accept() failed"),
             "{info}"
         );
 
         let debug = written_with("debug", &RECORDS);
-        assert_eq!(debug.lines().count(), 6, "{debug}");
-        for demoted in ["reusable stream", "127.0.0.1:1", "Illegal SNI"] {
+        assert_eq!(debug.lines().count(), RECORDS.len(), "{debug}");
+        for demoted in [
+            "bytes already read: 32",
+            "Connection reset by peer (os error 104)",
+            "reusable stream",
+            "127.0.0.1:1",
+            "Illegal SNI",
+        ] {
             assert!(
                 debug
                     .lines()
