@@ -378,7 +378,8 @@ async fn a_redis_outage_falls_back_to_shares_and_its_return_restores_exact_limit
     }
     let log = std::fs::read_to_string(&a.proc.log).unwrap();
     assert_eq!(
-        log.matches("limiting with fallback `local`").count(),
+        log.matches("fallback `local`: limiting alone with 1/2 of each limit (2 gateways alive)")
+            .count(),
         1,
         "logged once"
     );

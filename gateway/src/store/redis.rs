@@ -234,11 +234,19 @@ impl RedisStore {
             self.local.clear();
             metrics::LIMIT_STORE_UP.set(0);
             metrics::LIMIT_STORE_OUTAGES.inc();
+            let meanwhile = match self.fallback {
+                Fallback::Local => format!(
+                    "limiting alone with 1/{} of each limit ({})",
+                    self.alive.load(Ordering::Relaxed),
+                    gateways_alive(self.alive.load(Ordering::Relaxed))
+                ),
+                Fallback::Allow => "admitting every valid key".to_owned(),
+                Fallback::Deny => "answering 503 unavailable".to_owned(),
+            };
             log::warn!(
-                "gateway: redis at {} failed ({e}); limiting with fallback `{}` ({} gateways share each limit) until it answers",
+                "gateway: redis at {} failed ({e}); fallback `{}`: {meanwhile} until it answers",
                 self.hub.describe(),
                 self.fallback.name(),
-                self.alive.load(Ordering::Relaxed)
             );
         }
     }
@@ -261,8 +269,9 @@ impl RedisStore {
         if !self.up.swap(true, Ordering::AcqRel) {
             metrics::LIMIT_STORE_UP.set(1);
             log::info!(
-                "gateway: limits are shared through redis at {} ({alive} gateways alive)",
-                self.hub.describe()
+                "gateway: limits are shared through redis at {} ({})",
+                self.hub.describe(),
+                gateways_alive(alive)
             );
         }
         Ok(())
@@ -295,6 +304,14 @@ async fn heartbeat_loop(store: Weak<RedisStore>) {
         if let Err(e) = store.heartbeat().await {
             store.went_down(&e);
         }
+    }
+}
+
+/// "1 gateway alive", "3 gateways alive".
+fn gateways_alive(n: u64) -> String {
+    match n {
+        1 => "1 gateway alive".to_owned(),
+        n => format!("{n} gateways alive"),
     }
 }
 
