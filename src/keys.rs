@@ -87,7 +87,7 @@ pub fn run(command: KeysCommand, config: &FileConfig) -> anyhow::Result<()> {
 fn tab_separated(row: &serde_json::Value) -> String {
     let text = |field: &str| match &row[field] {
         serde_json::Value::Null => "-".to_owned(),
-        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::String(s) => printable(s),
         other => other.to_string(),
     };
     format!(
@@ -105,8 +105,40 @@ fn tab_separated(row: &serde_json::Value) -> String {
     )
 }
 
-/// Unix seconds as RFC 3339 UTC, to the second (last use is recorded to the minute).
+/// `text` with control characters escaped (`\t`, `\n`, `\u{1b}`): a name stored before names
+/// were checked cannot split a row or reach the terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Unix seconds as RFC 3339 UTC, to the second (last use is recorded to the minute); beyond
+/// year 9999, which RFC 3339 cannot write, the Unix seconds.
 fn timestamp(unix: u64) -> String {
-    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix))
-        .to_string()
+    use std::fmt::Write;
+    let mut text = String::new();
+    match std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(unix)) {
+        Some(time) if write!(text, "{}", humantime::format_rfc3339_seconds(time)).is_ok() => text,
+        _ => unix.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_store_holds_is_listed_whatever_it_is() {
+        assert_eq!(timestamp(1_795_342_730), "2026-11-22T10:18:50Z");
+        assert_eq!(timestamp(253_402_300_800), "253402300800", "year 10000");
+        assert_eq!(timestamp(u64::MAX), u64::MAX.to_string());
+        assert_eq!(printable("a\tb\nc\u{1b}[31m é'"), "a\\tb\\nc\\u{1b}[31m é'");
+    }
 }

@@ -215,3 +215,69 @@ async fn a_key_that_cannot_be_printed_is_revoked_and_a_reader_gone_is_no_error()
     let (code, err) = keys_into(&stack, writer, &["list"]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// `keys create` and `keys rotate` refuse what `keys list` could not show, and store nothing:
+/// a name that is empty, over 100 characters or with control characters (a tab or a newline
+/// would split its row, an escape would reach the terminal), a lifetime under a second or past
+/// 100 years (RFC 3339 ends at year 9999; such a key once made `keys list` panic, for good).
+#[test]
+fn names_and_lifetimes_that_keys_list_cannot_show_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::shipped_config();
+    let data = dir.path().join("data");
+    let keys = |args: &[&str]| {
+        let global = [
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+        ];
+        let (code, out, err) = common::cli(&[&["keys"], args, &global].concat());
+        assert!(!err.contains("panicked"), "{err}");
+        (code, out, err)
+    };
+    let long = "x".repeat(101);
+    let refused: [(&[&str], &str); 7] = [
+        (&["--name", "a\tb"], "--name must be 1 to 100 characters"),
+        (&["--name", "line\nbreak"], "--name must be"),
+        (&["--name", "\x1b[31mred"], "--name must be"),
+        (&["--name", ""], "--name must be"),
+        (&["--name", &long], "--name must be"),
+        (
+            &["--expires-in", "0s"],
+            "--expires-in must be from 1s to 36500d",
+        ),
+        (&["--expires-in", "99999999999d"], "--expires-in must be"),
+    ];
+    for (args, why) in refused {
+        let (code, out, err) = keys(&[&["create", "--plan", "free"], args].concat());
+        assert_eq!((code, out.as_str()), (1, ""), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+    let (code, out, err) = keys(&["list"]);
+    assert_eq!((code, out.as_str()), (0, ""), "nothing stored: {err}");
+
+    // The longest of each is fine, and lists as a date.
+    let name = format!("Bob's app, café {}", "x".repeat(84));
+    let (code, key, err) = keys(&[
+        "create",
+        "--plan",
+        "free",
+        "--name",
+        &name,
+        "--expires-in",
+        "36500d",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = keys(&["list"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("\tname={name}\t")), "{out}");
+    assert!(out.contains("\texpires=21"), "{out}");
+
+    // A rotation's overlap has the same bound; the old key is left as it was.
+    let (code, out, err) = keys(&["rotate", key_id(key.trim()), "--overlap", "99999999999d"]);
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert!(err.contains("--overlap must be from 0s to 36500d"), "{err}");
+    let (_, out, _) = keys(&["list"]);
+    assert!(out.contains("\tsuccessor=-"), "{out}");
+}

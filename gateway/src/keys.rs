@@ -52,6 +52,9 @@ pub enum KeyError {
     /// The shared key store in Redis could not be used.
     #[error("key store in redis: {0}")]
     Redis(String),
+    /// A name or duration given for a key cannot be used.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// A key's public id: 64 random bits, shown as 16 hex digits.
@@ -123,11 +126,49 @@ impl NewKey {
     }
 }
 
+/// The longest `--expires-in` or `--overlap`: 100 years. Dates beyond year 9999 cannot be
+/// written in RFC 3339, as `keys list` does.
+const LONGEST: std::time::Duration = std::time::Duration::from_secs(36_500 * 86_400);
+
+/// The longest name, in characters.
+const NAME_CHARS: usize = 100;
+
+/// `duration` of `flag` in whole seconds, if it is at least `shortest` and at most [`LONGEST`].
+fn seconds(flag: &str, duration: std::time::Duration, shortest: u64) -> Result<u64, KeyError> {
+    let secs = duration.as_secs();
+    if secs < shortest || duration > LONGEST {
+        return Err(KeyError::Invalid(format!(
+            "{flag} must be from {shortest}s to 36500d (100 years), not {}",
+            humantime::format_duration(duration)
+        )));
+    }
+    Ok(secs)
+}
+
+/// A name shows in `keys list`, one line per key with tab-separated fields: it is 1 to 100
+/// characters with no control characters (tab, newline, terminal escapes).
+fn check_name(name: &str) -> Result<(), KeyError> {
+    let chars = name.chars().count();
+    if chars == 0 || chars > NAME_CHARS || name.chars().any(char::is_control) {
+        return Err(KeyError::Invalid(format!(
+            "--name must be 1 to {NAME_CHARS} characters without tabs, newlines or other control characters"
+        )));
+    }
+    Ok(())
+}
+
 /// A new key as `new` asks, and its record (which holds only its hash).
 pub fn new_key(plans: &Plans, new: NewKey) -> Result<(KeyRecord, String), KeyError> {
     plans
         .resolve(&new.plan, new.per_minute, new.per_day)
         .map_err(KeyError::Plan)?;
+    if let Some(name) = &new.name {
+        check_name(name)?;
+    }
+    let lifetime = new
+        .expires_in
+        .map(|d| seconds("--expires-in", d, 1))
+        .transpose()?;
     let (id, key) = generate()?;
     let record = KeyRecord {
         id: id.to_string(),
@@ -138,7 +179,7 @@ pub fn new_key(plans: &Plans, new: NewKey) -> Result<(KeyRecord, String), KeyErr
         sha256: hex::encode(hash_key(&key)),
         created: unix_now(),
         revoked: None,
-        expires: new.expires_in.map(|d| unix_now() + d.as_secs().max(1)),
+        expires: lifetime.map(|secs| unix_now() + secs),
         successor: None,
         counters: None,
     };
@@ -154,6 +195,7 @@ pub fn rotate_in(
     id_or_key: &str,
     overlap: std::time::Duration,
 ) -> Result<(KeyRecord, String), KeyError> {
+    let overlap = seconds("--overlap", overlap, 0)?;
     let now = unix_now();
     let index = find_index(keys, id_or_key)?;
     let old = &keys[index];
@@ -188,7 +230,7 @@ pub fn rotate_in(
         counters: Some(old.counters.clone().unwrap_or_else(|| old.id.clone())),
     };
     let old = &mut keys[index];
-    let end = now + overlap.as_secs();
+    let end = now + overlap;
     old.expires = Some(old.expires.map_or(end, |e| e.min(end)));
     old.successor = Some(record.id.clone());
     keys.push(record.clone());
