@@ -179,12 +179,15 @@ async fn cors_answers_preflights_itself_and_exposes_the_limit_headers_to_allowed
     );
     assert!(!h.contains_key("content-length") || h["content-length"] == "0");
 
-    // Other origins get no CORS headers; nor does a route that turned CORS off.
+    // Other origins get no CORS headers, but `Vary: Origin` (a cache must not serve their
+    // answer to the app); a route that turned CORS off gets neither.
     let r = preflight("https://evil.example", "/v1/pets").await.unwrap();
     assert_eq!(r.status(), 204);
     assert!(!r.headers().contains_key("access-control-allow-origin"));
+    assert_eq!(r.headers()["vary"], "Origin");
     let r = preflight(APP, "/v1/private/x").await.unwrap();
     assert!(!r.headers().contains_key("access-control-allow-origin"));
+    assert!(!r.headers().contains_key("vary"));
 
     // Real requests from the allowed origin: the CORS headers on success and on refusals, and
     // the limit headers exposed to the page.
@@ -236,6 +239,21 @@ async fn cors_answers_preflights_itself_and_exposes_the_limit_headers_to_allowed
     assert_eq!(r.status(), 200);
     assert!(!r.headers().contains_key("access-control-allow-origin"));
     assert!(!r.headers().contains_key("access-control-expose-headers"));
+    assert_eq!(r.headers()["vary"], "Origin");
+
+    // Without `Origin` (a script, a navigation) the answer has no CORS headers; a browser may
+    // cache it, so it too says that it depends on `Origin`. So do the public pages.
+    for path in ["/v1/pets", "/v1/openapi.yaml"] {
+        let r = c
+            .get(stack.url(path))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert!(!r.headers().contains_key("access-control-allow-origin"));
+        assert_eq!(r.headers()["vary"], "Origin", "{path}");
+    }
 }
 
 #[tokio::test]
@@ -250,5 +268,6 @@ async fn without_cors_configured_a_preflight_is_an_ordinary_unauthenticated_requ
         .await
         .unwrap();
     assert!(!r.headers().contains_key("access-control-allow-origin"));
+    assert!(!r.headers().contains_key("vary"), "CORS is off");
     assert_error(r, 401, "unauthorized").await;
 }

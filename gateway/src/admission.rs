@@ -63,7 +63,7 @@ impl Gateway {
         let policy = route
             .as_ref()
             .map_or(settings.cors.as_ref(), |r| r.cors.as_ref());
-        ctx.cors = policy.and_then(|p| p.allowed_origin(request));
+        ctx.cors = CorsPolicy::answer(policy.map(|p| &**p), request);
         if let Some(policy) = policy.filter(|_| cors::is_preflight(request)) {
             // A preflight never carries a key: answered without one, and counted nowhere.
             ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));

@@ -7,7 +7,9 @@
 //! and exposes the headers a web app needs to honour its limits, which gateways commonly forget:
 //! the rate-limit fields, `Retry-After`, `Link`, `Deprecation`, `Sunset`, `Location` and
 //! `X-Request-Id`. Other origins get no CORS headers at all, so the browser keeps the answer
-//! from the page.
+//! from the page. Where CORS is on, every response says `Vary: Origin`, those without CORS
+//! headers too (a request without `Origin`, or from another origin): a cache must not hand one
+//! origin's answer to another (Fetch standard, "CORS protocol and HTTP caches").
 
 use http::{HeaderValue, Method};
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -71,6 +73,17 @@ impl CorsPolicy {
             .then(|| origin.clone())
     }
 
+    /// What `policy` (`None`: CORS off) makes of `request`.
+    pub fn answer(policy: Option<&CorsPolicy>, request: &RequestHeader) -> Cors {
+        match policy {
+            None => Cors::Off,
+            Some(policy) => match policy.allowed_origin(request) {
+                Some(origin) => Cors::Allowed(origin),
+                None => Cors::NotAllowed,
+            },
+        }
+    }
+
     /// The headers that answer a preflight from an allowed origin.
     pub fn preflight(&self, response: &mut ResponseHeader) -> pingora::Result<()> {
         response.insert_header("Access-Control-Allow-Methods", ALLOW_METHODS)?;
@@ -89,11 +102,27 @@ pub fn is_preflight(request: &RequestHeader) -> bool {
             .contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
 }
 
-/// Marks a response to an allowed `origin`.
-pub fn decorate(response: &mut ResponseHeader, origin: &HeaderValue) -> pingora::Result<()> {
-    response.insert_header("Access-Control-Allow-Origin", origin.clone())?;
-    response.append_header("Vary", "Origin")?;
-    response.insert_header("Access-Control-Expose-Headers", EXPOSE_HEADERS)?;
+/// What CORS makes of one request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Cors {
+    /// CORS is off where the request goes: nothing to add.
+    #[default]
+    Off,
+    /// CORS is on, and the request has no `Origin` or one not allowed: `Vary: Origin` only.
+    NotAllowed,
+    /// An allowed origin, named in the response.
+    Allowed(HeaderValue),
+}
+
+/// Marks a response as `cors` says.
+pub fn decorate(response: &mut ResponseHeader, cors: &Cors) -> pingora::Result<()> {
+    if let Cors::Allowed(origin) = cors {
+        response.insert_header("Access-Control-Allow-Origin", origin.clone())?;
+        response.insert_header("Access-Control-Expose-Headers", EXPOSE_HEADERS)?;
+    }
+    if *cors != Cors::Off {
+        response.append_header("Vary", "Origin")?;
+    }
     Ok(())
 }
 

@@ -297,9 +297,7 @@ pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx, http2: bool) -> pingor
         }
         headers.insert(&X_REQUEST_ID, unique(ctx.request_id.header()))
     })?;
-    if let Some(origin) = &ctx.cors {
-        crate::cors::decorate(response, origin)?;
-    }
+    crate::cors::decorate(response, &ctx.cors)?;
     if let Some(d) = ctx.deprecation.as_deref() {
         response.insert_header("Deprecation", d.deprecation_header.clone())?;
         response.insert_header("Sunset", d.sunset_header.clone())?;

@@ -13,7 +13,7 @@ use http::Method;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 
-use crate::cors::CorsPolicy;
+use crate::cors::{Cors, CorsPolicy};
 use crate::errors::send;
 use crate::keys::ActiveKey;
 use crate::limits::{Quota, ceil_secs};
@@ -76,7 +76,7 @@ pub async fn preflight(
     policy: &CorsPolicy,
 ) -> pingora::Result<()> {
     let mut response = ResponseHeader::build(204, Some(8))?;
-    if ctx.cors.is_some() {
+    if matches!(ctx.cors, Cors::Allowed(_)) {
         policy.preflight(&mut response)?;
     }
     send(session, ctx, response, "", Bytes::new()).await

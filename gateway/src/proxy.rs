@@ -41,6 +41,7 @@ use crate::access_log::{self, AccessLog};
 use crate::admission::{Admission, declared_length};
 use crate::auth::FailureBudget;
 use crate::client::TrustedProxies;
+use crate::cors::{Cors, CorsPolicy};
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, client_went_away, respond};
 use crate::headers::{self, RateHeaders, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID};
@@ -132,8 +133,8 @@ pub struct Ctx {
     pub status: u16,
     /// Code of the gateway's own error answer, for metrics.
     pub error_code: Option<ErrorCode>,
-    /// The request's `Origin`, when CORS allows it: responses then carry the CORS headers.
-    pub cors: Option<HeaderValue>,
+    /// What CORS makes of the request: the headers its responses carry.
+    pub cors: Cors,
     /// The upstream instance the request went to (the last one tried).
     pub instance: Option<SocketAddr>,
     /// An instance that refused the connection; the one retry goes elsewhere.
@@ -160,7 +161,7 @@ impl Ctx {
             deprecation: None,
             status: 0,
             error_code: None,
-            cors: None,
+            cors: Cors::Off,
             answered: None,
             instance: None,
             refused_by: None,
@@ -246,8 +247,7 @@ impl ProxyHttp for Gateway {
             // The API's pages are public: no key, nothing counted against one.
             ctx.now_ms = unix_ms();
             ctx.rate = Some(self.address_rate(self.failures.peek(ctx.client, ctx.now_ms)));
-            let policy = ctx.settings.cors.clone();
-            ctx.cors = policy.and_then(|p| p.allowed_origin(session.req_header()));
+            ctx.cors = CorsPolicy::answer(ctx.settings.cors.as_deref(), session.req_header());
             ctx.answered = Some("pages");
             pages::serve(session, ctx, page).await?;
             return Ok(true);
