@@ -78,6 +78,20 @@ async fn a_pool_serves_every_request_with_an_instance_down_and_readyz_follows_it
     wait_ready(&stack, 503);
     let r = get().await.unwrap();
     common::assert_error(r, 502, "bad_gateway").await;
+    // Its first attempt was refused and tried again on the other instance: counted, and not
+    // one of pingora's warnings, which came once per such request under load.
+    let retried: f64 = [a.addr, b.addr]
+        .iter()
+        .filter_map(|i| {
+            metric(
+                stack.admin,
+                &format!("gateway_upstream_retries_total{{error=\"ConnectRefused\",instance=\"{i}\",route=\"/v1/store/orders\"}}"),
+            )
+        })
+        .sum();
+    assert!(retried >= 1.0, "retries counted: {retried}");
+    let log = stack.proc.log_text();
+    assert!(!log.contains("Fail to proxy"), "{log}");
 
     // A reload with the same pool keeps what the health checks learned: the dead instances do
     // not come back as healthy, not even until the next check.

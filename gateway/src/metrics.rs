@@ -190,6 +190,22 @@ pub static RELOADS: Lazy<IntCounterVec> = Lazy::new(|| {
     )
 });
 
+/// Upstream attempts that failed and were tried again, by route, instance and pingora's error
+/// type (`ConnectRefused`: an instance of a pool down; `ConnectionClosed`, `ReadError`: a reused
+/// connection the upstream had closed).
+pub static UPSTREAM_RETRIES: Lazy<IntCounterVec> = Lazy::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "gateway_upstream_retries_total",
+                "Upstream attempts that failed and were tried again, by route, instance and error type",
+            ),
+            &["route", "instance", "error"],
+        )
+        .expect("valid metric"),
+    )
+});
+
 /// Health of each upstream instance of a pool, by route and instance (1 healthy, 0 not).
 pub static UPSTREAM_HEALTHY: Lazy<IntGaugeVec> = Lazy::new(|| {
     register(
