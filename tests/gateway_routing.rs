@@ -950,6 +950,40 @@ fn a_request_expecting_100_continue_keeps_its_connection() {
     assert_next_request_served(&mut s, &key);
 }
 
+/// A chunked body that grows past `max_body_bytes` after the backend's `100 Continue` gets the
+/// contract's 413 behind that interim answer, not a connection reset (curl sends its large
+/// uploads so); the client's mistake is no warning in the log.
+#[test]
+fn a_body_over_the_limit_after_100_continue_gets_413() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start_with_text(dir.path(), &format!("max_body_bytes = 4096\n{PETS_ROUTE}"));
+    let key = stack.key(&["--plan", "business"]);
+    let mut s = std::net::TcpStream::connect(stack.listen).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .unwrap();
+    let interim = read_head(&mut s);
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim}");
+    let chunk = format!("400\r\n{}\r\n", "a".repeat(1024));
+    for _ in 0..8 {
+        s.write_all(chunk.as_bytes()).unwrap();
+    }
+    s.write_all(b"0\r\n\r\n").unwrap();
+    let (head, body) = read_response(&mut s);
+    assert!(head.starts_with("HTTP/1.1 413 "), "{head}");
+    let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["code"], "payload_too_large", "{body}");
+    let log = stack.proc.log_text();
+    assert!(
+        !log.contains(" WARN "),
+        "a client's mistake, not a warning: {log}"
+    );
+}
+
 /// A response head read from `s` up to its blank line, byte by byte so nothing after it is
 /// consumed.
 fn read_head(s: &mut std::net::TcpStream) -> String {

@@ -385,6 +385,16 @@ impl ProxyHttp for Gateway {
             Some(error) if error.code == ErrorCode::InternalError => {
                 log::error!("request {}: {e}", ctx.request_id);
             }
+            // The client's own mistake (a body over the limit, or one that does not parse): as
+            // every other refusal, counted and in the access log, not a warning.
+            Some(error)
+                if matches!(
+                    error.code,
+                    ErrorCode::PayloadTooLarge | ErrorCode::InvalidRequest
+                ) =>
+            {
+                log::debug!("request {}: {}: {e}", ctx.request_id, error.code.as_str())
+            }
             Some(error) => log::warn!("request {}: {}: {e}", ctx.request_id, error.code.as_str()),
             // Every load test ends with clients closing connections that have requests in
             // flight; nothing went wrong here.
@@ -392,7 +402,9 @@ impl ProxyHttp for Gateway {
         }
         let mut code = 0;
         if let Some(error) = answer
-            && session.response_written().is_none()
+            && session
+                .response_written()
+                .is_none_or(|r| r.status.is_informational())
         {
             code = error.code.status();
             // pingora will not reuse this connection; say so, or the client sends its next
