@@ -118,3 +118,56 @@ async fn a_pool_serves_every_request_with_an_instance_down_and_readyz_follows_it
     assert!(back.hits() >= 1);
     assert_eq!(metric(stack.admin, &healthy), Some(1.0));
 }
+
+/// A listener with a full accept queue: connections to it time out unanswered, as to a host
+/// that is gone. Returned with the connections that fill its queue.
+fn unanswering() -> (tokio::net::TcpListener, Vec<std::net::TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    loop {
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            Ok(s) => queued.push(s),
+            Err(e) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+                return (listener, queued);
+            }
+        }
+        assert!(queued.len() < 64, "the accept queue never filled");
+    }
+}
+
+/// A connection to an instance that times out (a host gone, its packets unanswered) sent
+/// nothing, so the request is tried once on another instance, as after a refusal; counted by
+/// its error. Here both are gone, and the client gets 502 after the two attempts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_that_times_out_is_tried_on_another_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let ((x, _x_queue), (y, _y_queue)) = (unanswering(), unanswering());
+    let (x, y) = (x.local_addr().unwrap(), y.local_addr().unwrap());
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!(
+            "connect_timeout_ms = 300\n{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store/orders\"\nupstreams = [\"{x}\", \"{y}\"]\n"
+        ),
+    );
+    wait_ready(&stack, 503);
+    let key = stack.key(&["--plan", "business"]);
+    let r = client()
+        .get(stack.url("/v1/store/orders/1"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    common::assert_error(r, 502, "bad_gateway").await;
+    let retries = |i| {
+        metric(
+            stack.admin,
+            &format!("gateway_upstream_retries_total{{error=\"ConnectTimedout\",instance=\"{i}\",route=\"/v1/store/orders\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(retries(x) + retries(y), 1.0, "tried once more, elsewhere");
+}

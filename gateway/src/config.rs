@@ -238,7 +238,8 @@ pub struct RouteConfig {
     #[serde(default)]
     pub upstream: Option<String>,
     /// A pool of instances (`["127.0.0.1:9101", "127.0.0.1:9102"]`): balanced round-robin,
-    /// health-checked every second, a refused connection retried once on another instance.
+    /// health-checked every second, a connection that cannot be made (refused, timed out,
+    /// unreachable) retried once on another instance.
     #[serde(default)]
     pub upstreams: Vec<String>,
     /// Overrides `gateway.upstream_timeout_ms` for this route.

@@ -137,8 +137,8 @@ pub struct Ctx {
     pub cors: Cors,
     /// The upstream instance the request went to (the last one tried).
     pub instance: Option<SocketAddr>,
-    /// An instance that refused the connection; the one retry goes elsewhere.
-    refused_by: Option<SocketAddr>,
+    /// An instance the gateway could not connect to; the one retry goes elsewhere.
+    unreachable: Option<SocketAddr>,
     /// The gateway's own answer that served the request (a page, a preflight, `rate_limit`),
     /// as it appears in metrics and the access log.
     pub answered: Option<&'static str>,
@@ -164,7 +164,7 @@ impl Ctx {
             cors: Cors::Off,
             answered: None,
             instance: None,
-            refused_by: None,
+            unreachable: None,
             upstream_started: None,
             key: None,
             route: None,
@@ -292,7 +292,7 @@ impl ProxyHttp for Gateway {
             return Error::e_explain(ErrorType::InternalError, "no route chosen");
         };
         ctx.upstream_started = Some(Instant::now());
-        let Some(instance) = route.upstream.pick(ctx.refused_by) else {
+        let Some(instance) = route.upstream.pick(ctx.unreachable) else {
             return Error::e_explain(ErrorType::ConnectNoRoute, "no instance of the upstream");
         };
         ctx.instance = Some(instance);
@@ -318,14 +318,15 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        // A refused connection sent nothing upstream, so another instance of a pool may take
-        // the request, whatever its method; once.
+        // A connection that could not be made (refused; timed out, as to a host that is gone;
+        // unreachable) sent nothing upstream, so another instance of a pool may take the
+        // request, whatever its method; once. (nginx's `proxy_next_upstream error timeout`.)
         let pool = ctx
             .route
             .as_ref()
             .is_some_and(|r| matches!(r.upstream, Upstream::Pool(_)));
-        if pool && ctx.refused_by.is_none() && e.etype() == &ErrorType::ConnectRefused {
-            ctx.refused_by = ctx.instance;
+        if pool && ctx.unreachable.is_none() {
+            ctx.unreachable = ctx.instance;
             e.set_retry(true);
         }
         e

@@ -173,8 +173,8 @@ impl Upstream {
         }
     }
 
-    /// The instance for the next request, skipping `avoid` (one that just refused a
-    /// connection); unhealthy instances only when no healthy one is left.
+    /// The instance for the next request, skipping `avoid` (one the gateway just could not
+    /// connect to); unhealthy instances only when no healthy one is left.
     pub fn pick(&self, avoid: Option<SocketAddr>) -> Option<SocketAddr> {
         match self {
             Upstream::One(addr) => Some(*addr),
