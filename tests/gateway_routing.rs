@@ -952,7 +952,8 @@ fn a_request_expecting_100_continue_keeps_its_connection() {
 
 /// A chunked body that grows past `max_body_bytes` after the backend's `100 Continue` gets the
 /// contract's 413 behind that interim answer, not a connection reset (curl sends its large
-/// uploads so); the client's mistake is no warning in the log.
+/// uploads so); the client's mistake is no warning in the log. A client gone after the
+/// `100 Continue` is counted as one that had no response.
 #[test]
 fn a_body_over_the_limit_after_100_continue_gets_413() {
     use std::io::Write;
@@ -981,6 +982,23 @@ fn a_body_over_the_limit_after_100_continue_gets_413() {
     assert!(
         !log.contains(" WARN "),
         "a client's mistake, not a warning: {log}"
+    );
+
+    // A client that goes away after the `100 Continue` had no response: `status="none"`.
+    let mut s = std::net::TcpStream::connect(stack.listen).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .unwrap();
+    assert!(read_head(&mut s).starts_with("HTTP/1.1 100 "));
+    drop(s);
+    wait_metric(
+        stack.admin,
+        r#"gateway_responses_total{method="POST",outcome="client_closed",route="/v1/pets",status="none"}"#,
+        Duration::from_secs(10),
+        |v| v == 1.0,
     );
 }
 

@@ -455,8 +455,10 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        // An interim `100 Continue` is not the response.
         let status = session
             .response_written()
+            .filter(|r| !r.status.is_informational())
             .map_or(ctx.status, |r| r.status.as_u16());
         let outcome = match (ctx.error_code, ctx.answered, e) {
             (Some(code), _, _) => code.as_str(),
