@@ -120,7 +120,7 @@ pub fn decorate(response: &mut ResponseHeader, cors: &Cors) -> pingora::Result<(
         response.insert_header("Access-Control-Allow-Origin", origin.clone())?;
         response.insert_header("Access-Control-Expose-Headers", EXPOSE_HEADERS)?;
     }
-    if *cors != Cors::Off {
+    if !matches!(cors, Cors::Off) {
         response.append_header("Vary", "Origin")?;
     }
     Ok(())

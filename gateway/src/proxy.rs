@@ -109,6 +109,13 @@ async fn discard_small_body(session: &mut Session) {
     discard_body(session, DISCARD_FIRST_TIME, DISCARD_FIRST_BYTES).await;
 }
 
+/// The response written to the client, if any: an interim `100 Continue` is not one.
+fn final_response(session: &Session) -> Option<&ResponseHeader> {
+    session
+        .response_written()
+        .filter(|r| !r.status.is_informational())
+}
+
 /// After answering: the rest of the body, within [`LINGER_TIME`] and [`LINGER_BYTES`].
 async fn linger(session: &mut Session) {
     discard_body(session, LINGER_TIME, LINGER_BYTES).await;
@@ -403,9 +410,7 @@ impl ProxyHttp for Gateway {
         }
         let mut code = 0;
         if let Some(error) = answer
-            && session
-                .response_written()
-                .is_none_or(|r| r.status.is_informational())
+            && final_response(session).is_none()
         {
             code = error.code.status();
             // pingora will not reuse this connection; say so, or the client sends its next
@@ -455,11 +460,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        // An interim `100 Continue` is not the response.
-        let status = session
-            .response_written()
-            .filter(|r| !r.status.is_informational())
-            .map_or(ctx.status, |r| r.status.as_u16());
+        let status = final_response(session).map_or(ctx.status, |r| r.status.as_u16());
         let outcome = match (ctx.error_code, ctx.answered, e) {
             (Some(code), _, _) => code.as_str(),
             (None, Some(_), _) => "answered",

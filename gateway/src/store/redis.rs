@@ -234,11 +234,11 @@ impl RedisStore {
             self.local.clear();
             metrics::LIMIT_STORE_UP.set(0);
             metrics::LIMIT_STORE_OUTAGES.inc();
+            let alive = self.alive.load(Ordering::Relaxed);
             let meanwhile = match self.fallback {
                 Fallback::Local => format!(
-                    "limiting alone with 1/{} of each limit ({})",
-                    self.alive.load(Ordering::Relaxed),
-                    gateways_alive(self.alive.load(Ordering::Relaxed))
+                    "limiting alone with 1/{alive} of each limit ({})",
+                    gateways_alive(alive)
                 ),
                 Fallback::Allow => "admitting every valid key".to_owned(),
                 Fallback::Deny => "answering 503 unavailable".to_owned(),
