@@ -171,3 +171,75 @@ async fn a_connection_that_times_out_is_tried_on_another_instance() {
     };
     assert_eq!(retries(x) + retries(y), 1.0, "tried once more, elsewhere");
 }
+
+/// An instance that refuses a connection leaves the rotation at once, not at the next health
+/// check, and stays out until a check passes again, even if it answers before that (passive
+/// health). Checks here run once an hour until a reload makes them frequent, so only the
+/// refusal can have taken it out, and only a check can bring it back.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_that_refuses_a_connection_gets_no_traffic_until_a_check_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        TestUpstream::start(Duration::ZERO).await,
+        TestUpstream::start(Duration::ZERO).await,
+    );
+    let config = |interval_ms: u64| {
+        Stack::config_with_text(
+            dir.path(),
+            &format!(
+                "health_check_interval_ms = {interval_ms}\n{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store/orders\"\nupstreams = [\"{}\", \"{}\"]\n",
+                a.addr, b.addr
+            ),
+        )
+    };
+    let stack = Stack::start_with(dir.path(), &config(3_600_000));
+    let key = stack.key(&["--plan", "business"]);
+    let c = client();
+    let get = || {
+        c.get(stack.url("/v1/store/orders/1"))
+            .bearer_auth(&key)
+            .send()
+    };
+    for _ in 0..2 {
+        assert_eq!(get().await.unwrap().status(), 200);
+    }
+    assert_eq!((a.hits(), b.hits()), (1, 1), "both in the rotation");
+
+    // `a` goes away: the one request that meets its refusal is retried on `b`, and `a` gets no
+    // more tries, so no more retries.
+    a.stop();
+    for i in 0..20 {
+        assert_eq!(get().await.unwrap().status(), 200, "request {i}");
+    }
+    assert_eq!(b.hits(), 21);
+    let retries = metric(
+        stack.admin,
+        &format!(
+            "gateway_upstream_retries_total{{error=\"ConnectRefused\",instance=\"{}\",route=\"/v1/store/orders\"}}",
+            a.addr
+        ),
+    );
+    assert_eq!(retries, Some(1.0), "one refusal, then out of the rotation");
+    let healthy = format!(
+        "gateway_upstream_healthy{{instance=\"{}\",route=\"/v1/store/orders\"}}",
+        a.addr
+    );
+    assert_eq!(metric(stack.admin, &healthy), Some(0.0));
+    assert_eq!(ready(&stack), 200, "`b` is still in the rotation");
+
+    // `a` answers again, but no check has passed since its refusal: still no traffic.
+    let back = TestUpstream::start_at(a.addr).await;
+    for _ in 0..10 {
+        assert_eq!(get().await.unwrap().status(), 200);
+    }
+    assert_eq!(back.hits(), 0, "out of the rotation until a check passes");
+
+    // Checks every 200 ms from a reload on: the next one passes and `a` is back.
+    config(200);
+    kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
+    common::wait_metric(stack.admin, &healthy, Duration::from_secs(5), |v| v == 1.0);
+    for _ in 0..10 {
+        assert_eq!(get().await.unwrap().status(), 200);
+    }
+    assert_eq!(back.hits(), 5, "round-robin over both again");
+}

@@ -42,6 +42,10 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT_SECONDS: u64 = 60;
 /// Default time a request head may take once its first byte is in (HAProxy's usual
 /// `timeout http-request`; a real client sends its head at once).
 pub const DEFAULT_HEADER_TIMEOUT_SECONDS: u64 = 10;
+/// Default time between a pool's health checks.
+pub const DEFAULT_HEALTH_CHECK_INTERVAL_MS: u64 = 1000;
+/// The shortest time between a pool's health checks.
+pub const MIN_HEALTH_CHECK_INTERVAL_MS: u64 = 100;
 /// How long a pool's health check waits for a connection.
 pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_millis(500);
 /// The upstream name that means "the backend of this deployment" (`--backend-listen`).
@@ -73,6 +77,8 @@ pub struct GatewayConfig {
     pub upstream_timeout_ms: NonZeroU64,
     /// Time to establish an upstream connection before the client gets 502.
     pub connect_timeout_ms: NonZeroU64,
+    /// Time between health checks of a pool's instances (a TCP connect to each).
+    pub health_check_interval_ms: NonZeroU64,
     /// Failed authentications per client address and minute before 429 `too_many_auth_failures`.
     pub auth_failures_per_minute: NonZeroU32,
     /// How often the key store is checked for changes; keys take effect within this time.
@@ -173,6 +179,8 @@ impl Default for GatewayConfig {
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             upstream_timeout_ms: NonZeroU64::new(DEFAULT_UPSTREAM_TIMEOUT_MS).expect("non-zero"),
             connect_timeout_ms: NonZeroU64::new(DEFAULT_CONNECT_TIMEOUT_MS).expect("non-zero"),
+            health_check_interval_ms: NonZeroU64::new(DEFAULT_HEALTH_CHECK_INTERVAL_MS)
+                .expect("non-zero"),
             auth_failures_per_minute: NonZeroU32::new(DEFAULT_AUTH_FAILURES_PER_MINUTE)
                 .expect("non-zero"),
             key_refresh_ms: NonZeroU64::new(DEFAULT_KEY_REFRESH_MS).expect("non-zero"),
@@ -238,8 +246,9 @@ pub struct RouteConfig {
     #[serde(default)]
     pub upstream: Option<String>,
     /// A pool of instances (`["127.0.0.1:9101", "127.0.0.1:9102"]`): balanced round-robin,
-    /// health-checked every second, a connection that cannot be made (refused, timed out,
-    /// unreachable) retried once on another instance.
+    /// health-checked every `health_check_interval_ms`; a connection that cannot be made
+    /// (refused, timed out, unreachable) is retried once on another instance, and its instance
+    /// gets no traffic until a health check passes again.
     #[serde(default)]
     pub upstreams: Vec<String>,
     /// Overrides `gateway.upstream_timeout_ms` for this route.

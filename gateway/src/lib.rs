@@ -39,7 +39,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -427,34 +427,32 @@ fn keep_restart_only(old: &Settings, fresh: &mut Settings) {
     fresh.key_refresh = old.key_refresh;
 }
 
-/// How often the instances of every pool are health-checked.
-const HEALTH_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How often the health loop looks at the interval in force, so a reload's new
+/// `health_check_interval_ms` applies without waiting out the old one.
+const HEALTH_CHECK_POLL: Duration = Duration::from_millis(100);
 
 /// Health-checks the instances of every route's pool in the configuration in force (a reload
-/// brings new pools, checked from the next round), and publishes their health in `/metrics`.
+/// brings new pools, checked from the next round), every `health_check_interval_ms`, and
+/// publishes which instances are in the rotation in `/metrics`.
 struct UpstreamHealth(Arc<ArcSwap<Settings>>);
 
 #[async_trait]
 impl pingora::services::background::BackgroundService for UpstreamHealth {
     async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        let mut tick = tokio::time::interval(HEALTH_CHECK_EVERY);
         loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => {
-                    let settings = self.0.load_full();
-                    for route in settings.routes.iter() {
-                        if let routes::Upstream::Pool(pool) = &route.upstream {
-                            let backends = pool.backends();
-                            backends.run_health_check(true).await;
-                            for backend in backends.get_backend().iter() {
-                                let healthy = i64::from(backends.ready(backend));
-                                metrics::UPSTREAM_HEALTHY
-                                    .with_label_values(&[route.prefix.as_str(), &backend.addr.to_string()])
-                                    .set(healthy);
-                            }
-                        }
-                    }
+            let round = Instant::now();
+            let settings = self.0.load_full();
+            for route in settings.routes.iter() {
+                if let routes::Upstream::Pool(pool) = &route.upstream {
+                    pool.check().await;
+                    route.publish_rotation();
+                }
+            }
+            drop(settings);
+            while round.elapsed() < self.0.load().health_check_every {
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(HEALTH_CHECK_POLL) => {}
                 }
             }
         }

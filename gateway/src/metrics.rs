@@ -206,13 +206,13 @@ pub static UPSTREAM_RETRIES: Lazy<IntCounterVec> = Lazy::new(|| {
     )
 });
 
-/// Health of each upstream instance of a pool, by route and instance (1 healthy, 0 not).
+/// Whether each upstream instance of a pool is in the rotation, by route and instance.
 pub static UPSTREAM_HEALTHY: Lazy<IntGaugeVec> = Lazy::new(|| {
     register(
         IntGaugeVec::new(
             Opts::new(
                 "gateway_upstream_healthy",
-                "1 while an upstream instance passes its health checks, else 0",
+                "1 while an upstream instance of a pool gets traffic (its health checks pass and no connection to it has failed since the last that passed), else 0",
             ),
             &["route", "instance"],
         )

@@ -328,13 +328,16 @@ impl ProxyHttp for Gateway {
         // A connection that could not be made (refused; timed out, as to a host that is gone;
         // unreachable) sent nothing upstream, so another instance of a pool may take the
         // request, whatever its method; once. (nginx's `proxy_next_upstream error timeout`.)
-        let pool = ctx
-            .route
-            .as_ref()
-            .is_some_and(|r| matches!(r.upstream, Upstream::Pool(_)));
-        if pool && ctx.unreachable.is_none() {
-            ctx.unreachable = ctx.instance;
-            e.set_retry(true);
+        // The instance leaves the rotation until its next passing health check.
+        if let (Some(route), Some(instance)) = (&ctx.route, ctx.instance)
+            && let Upstream::Pool(pool) = &route.upstream
+        {
+            pool.connection_failed(instance);
+            route.publish_rotation();
+            if ctx.unreachable.is_none() {
+                ctx.unreachable = Some(instance);
+                e.set_retry(true);
+            }
         }
         e
     }

@@ -9,10 +9,13 @@
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
-use pingora::lb::LoadBalancer;
+use async_trait::async_trait;
+use pingora::lb::health_check::{HealthCheck, TcpHealthCheck};
 use pingora::lb::selection::RoundRobin;
+use pingora::lb::{Backend, LoadBalancer};
 
 use crate::deprecation::Deprecation;
 
@@ -139,9 +142,8 @@ pub struct Route {
 pub enum Upstream {
     /// One address.
     One(SocketAddr),
-    /// Several instances, balanced round-robin, with active health checks
-    /// (`pingora-load-balancing`).
-    Pool(Arc<LoadBalancer<RoundRobin>>),
+    /// Several instances, balanced round-robin, with active and passive health checks.
+    Pool(Arc<Pool>),
 }
 
 impl Upstream {
@@ -149,40 +151,37 @@ impl Upstream {
     pub fn instances(&self) -> Vec<SocketAddr> {
         match self {
             Upstream::One(addr) => vec![*addr],
-            Upstream::Pool(lb) => lb
-                .backends()
-                .get_backend()
-                .iter()
-                .filter_map(|b| b.addr.as_inet().copied())
-                .collect(),
+            Upstream::Pool(pool) => pool.failures.at.iter().map(|(addr, _)| *addr).collect(),
         }
     }
 
-    /// How many instances are healthy now (a single address always counts as one).
+    /// How many instances take traffic now (a single address always counts as one).
     pub fn healthy(&self) -> usize {
         match self {
             Upstream::One(_) => 1,
-            Upstream::Pool(lb) => {
-                let backends = lb.backends();
-                backends
-                    .get_backend()
-                    .iter()
-                    .filter(|b| backends.ready(b))
-                    .count()
-            }
+            Upstream::Pool(pool) => pool
+                .lb
+                .backends()
+                .get_backend()
+                .iter()
+                .filter(|b| pool.takes_traffic(b))
+                .count(),
         }
     }
 
     /// The instance for the next request, skipping `avoid` (one the gateway just could not
-    /// connect to); unhealthy instances only when no healthy one is left.
+    /// connect to); instances out of the rotation only when none in it is left.
     pub fn pick(&self, avoid: Option<SocketAddr>) -> Option<SocketAddr> {
         match self {
             Upstream::One(addr) => Some(*addr),
-            Upstream::Pool(lb) => {
-                let other = |b: &pingora::lb::Backend| b.addr.as_inet().copied() != avoid;
-                lb.select_with(b"", 256, |b, healthy| healthy && other(b))
-                    .or_else(|| lb.select_with(b"", 256, |b, _| other(b)))
-                    .and_then(|b| b.addr.as_inet().copied())
+            Upstream::Pool(pool) => {
+                let other = |b: &Backend| b.addr.as_inet().copied() != avoid;
+                let lb = &pool.lb;
+                lb.select_with(b"", 256, |b, healthy| {
+                    healthy && other(b) && pool.failures.since_check(b).is_none()
+                })
+                .or_else(|| lb.select_with(b"", 256, |b, _| other(b)))
+                .and_then(|b| b.addr.as_inet().copied())
             }
         }
     }
@@ -191,6 +190,109 @@ impl Upstream {
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.instances()).finish()
+    }
+}
+
+/// A pool's instances, balanced round-robin (`pingora-load-balancing`). An instance is in the
+/// rotation while it passes its active health check (a TCP connect) and no connection to it has
+/// failed since the last check that passed (passive health, nginx's `max_fails=1`): one failed
+/// connection takes it out at once instead of at the next check.
+pub struct Pool {
+    lb: LoadBalancer<RoundRobin>,
+    failures: Arc<Failures>,
+}
+
+impl Pool {
+    /// A pool of `instances`, each checked by connecting within `check_timeout`.
+    pub fn new(instances: &[SocketAddr], check_timeout: Duration) -> std::io::Result<Pool> {
+        let mut lb = LoadBalancer::<RoundRobin>::try_from_iter(instances)?;
+        let failures = Arc::new(Failures {
+            epoch: Instant::now(),
+            at: instances.iter().map(|a| (*a, AtomicU64::new(0))).collect(),
+        });
+        let mut tcp = TcpHealthCheck::new();
+        tcp.peer_template.options.connection_timeout = Some(check_timeout);
+        lb.set_health_check(Box::new(PassiveAware {
+            tcp,
+            failures: Arc::clone(&failures),
+        }));
+        Ok(Pool { lb, failures })
+    }
+
+    /// Runs one round of health checks, all instances at once.
+    pub async fn check(&self) {
+        self.lb.backends().run_health_check(true).await;
+    }
+
+    /// Takes `instance` out of the rotation until a health check started after now passes.
+    pub fn connection_failed(&self, instance: SocketAddr) {
+        if let Some((_, at)) = self.failures.at.iter().find(|(a, _)| *a == instance) {
+            at.store(self.failures.now(), Relaxed);
+        }
+    }
+
+    /// Each instance, and whether it is in the rotation.
+    pub fn rotation(&self) -> Vec<(SocketAddr, bool)> {
+        self.lb
+            .backends()
+            .get_backend()
+            .iter()
+            .filter_map(|b| Some((*b.addr.as_inet()?, self.takes_traffic(b))))
+            .collect()
+    }
+
+    fn takes_traffic(&self, backend: &Backend) -> bool {
+        self.lb.backends().ready(backend) && self.failures.since_check(backend).is_none()
+    }
+}
+
+/// When a connection to each instance last failed, unless a health check has passed since.
+struct Failures {
+    epoch: Instant,
+    /// Per instance: nanoseconds after `epoch`, plus one, of the last failure; 0: none since
+    /// the last passing check.
+    at: Vec<(SocketAddr, AtomicU64)>,
+}
+
+impl Failures {
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    fn slot(&self, backend: &Backend) -> Option<&AtomicU64> {
+        let addr = backend.addr.as_inet()?;
+        self.at.iter().find(|(a, _)| a == addr).map(|(_, at)| at)
+    }
+
+    /// When a connection to `backend` failed, if one has since its last passing check.
+    fn since_check(&self, backend: &Backend) -> Option<u64> {
+        self.slot(backend)
+            .map(|at| at.load(Relaxed))
+            .filter(|&at| at != 0)
+    }
+}
+
+/// pingora's TCP health check, which also puts an instance taken out by a failed connection
+/// back once a check that started after that failure passes.
+struct PassiveAware {
+    tcp: Box<TcpHealthCheck>,
+    failures: Arc<Failures>,
+}
+
+#[async_trait]
+impl HealthCheck for PassiveAware {
+    async fn check(&self, target: &Backend) -> pingora::Result<()> {
+        let started = self.failures.now();
+        self.tcp.check(target).await?;
+        if let Some(at) = self.failures.slot(target) {
+            // A failure after this check began stays: the check may have raced it.
+            let _ = at.fetch_update(Relaxed, Relaxed, |failed| (failed < started).then_some(0));
+        }
+        Ok(())
+    }
+
+    fn health_threshold(&self, success: bool) -> usize {
+        self.tcp.health_threshold(success)
     }
 }
 
@@ -213,6 +315,17 @@ impl std::fmt::Debug for UpstreamTls {
 }
 
 impl Route {
+    /// Sets `gateway_upstream_healthy` for each instance of this route's pool.
+    pub fn publish_rotation(&self) {
+        if let Upstream::Pool(pool) = &self.upstream {
+            for (instance, in_rotation) in pool.rotation() {
+                crate::metrics::UPSTREAM_HEALTHY
+                    .with_label_values(&[self.prefix.as_str(), &instance.to_string()])
+                    .set(i64::from(in_rotation));
+            }
+        }
+    }
+
     /// Whether `path` (normalized) falls under this route.
     pub fn matches(&self, path: &str) -> bool {
         path.strip_prefix(self.prefix.as_str())

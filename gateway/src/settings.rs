@@ -12,19 +12,17 @@ use crate::access_log::AccessLog;
 use crate::bans::BanPolicy;
 use crate::client::TrustedProxies;
 use crate::config::{
-    BACKEND_UPSTREAM, CorsConfig, GatewayConfig, HEALTH_CHECK_TIMEOUT, RouteConfig,
+    BACKEND_UPSTREAM, CorsConfig, GatewayConfig, HEALTH_CHECK_TIMEOUT,
+    MIN_HEALTH_CHECK_INTERVAL_MS, RouteConfig,
 };
 use crate::cors::CorsPolicy;
 use crate::deprecation::Deprecation;
 use crate::headers::HeaderCase;
 use crate::metrics;
 use crate::plans::{MAX_LIMIT, Plans};
-use crate::routes::{Route, Routes, Upstream, UpstreamTls, normalize_path};
+use crate::routes::{Pool, Route, Routes, Upstream, UpstreamTls, normalize_path};
 use crate::store::Fallback;
 use crate::tls::TlsFiles;
-use pingora::lb::LoadBalancer;
-use pingora::lb::health_check::TcpHealthCheck;
-use pingora::lb::selection::RoundRobin;
 
 /// Validated settings the gateway runs with.
 #[derive(Debug, Clone)]
@@ -45,6 +43,8 @@ pub struct Settings {
     pub max_header_bytes: usize,
     /// Upstream connect timeout.
     pub connect_timeout: Duration,
+    /// Time between health checks of the pools' instances.
+    pub health_check_every: Duration,
     /// Failure budget per address and minute.
     pub auth_failures_per_minute: u32,
     /// Key store refresh interval.
@@ -133,6 +133,11 @@ impl Settings {
                 );
             }
         };
+        if config.health_check_interval_ms.get() < MIN_HEALTH_CHECK_INTERVAL_MS {
+            return Err(format!(
+                "gateway.health_check_interval_ms must be at least {MIN_HEALTH_CHECK_INTERVAL_MS}"
+            ));
+        }
         if config.bans.max_seconds < config.bans.base_seconds {
             return Err("gateway.bans.max_seconds must be at least base_seconds".to_owned());
         }
@@ -180,6 +185,7 @@ impl Settings {
             max_body_bytes: config.max_body_bytes,
             max_header_bytes: config.max_header_bytes,
             connect_timeout: Duration::from_millis(config.connect_timeout_ms.get()),
+            health_check_every: Duration::from_millis(config.health_check_interval_ms.get()),
             auth_failures_per_minute: config.auth_failures_per_minute.get(),
             key_refresh: Duration::from_millis(config.key_refresh_ms.get()),
             shutdown_grace_seconds: config.shutdown_grace_seconds,
@@ -239,11 +245,8 @@ fn route_settings(
             for (k, text) in route.upstreams.iter().enumerate() {
                 instances.push(address(&format!(".upstreams[{k}]"), text)?);
             }
-            let mut pool = LoadBalancer::<RoundRobin>::try_from_iter(instances)
+            let pool = Pool::new(&instances, HEALTH_CHECK_TIMEOUT)
                 .map_err(|e| format!(".upstreams: {e}"))?;
-            let mut check = TcpHealthCheck::new();
-            check.peer_template.options.connection_timeout = Some(HEALTH_CHECK_TIMEOUT);
-            pool.set_health_check(check);
             Upstream::Pool(Arc::new(pool))
         }
         _ => {
@@ -377,6 +380,12 @@ mod tests {
         .unwrap_err();
         assert!(
             err.starts_with("gateway.routes[0].ca") && err.contains("/nonexistent.pem"),
+            "{err}"
+        );
+        let err = settings("health_check_interval_ms = 50\n").unwrap_err();
+        assert_eq!(
+            err,
+            "gateway.health_check_interval_ms must be at least 100",
             "{err}"
         );
         let err = settings("[bans]\nbase_seconds = 0\n").unwrap_err();
