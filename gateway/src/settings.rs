@@ -383,11 +383,7 @@ mod tests {
             "{err}"
         );
         let err = settings("health_check_interval_ms = 50\n").unwrap_err();
-        assert_eq!(
-            err,
-            "gateway.health_check_interval_ms must be at least 100",
-            "{err}"
-        );
+        assert_eq!(err, "gateway.health_check_interval_ms must be at least 100");
         let err = settings("[bans]\nbase_seconds = 0\n").unwrap_err();
         assert!(
             err.contains("base_seconds") || err.contains("zero"),
