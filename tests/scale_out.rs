@@ -550,3 +550,83 @@ async fn after_redis_returns_to_an_idle_gateway_the_first_decisions_are_made_in_
         fleet_report(&[&gateway])
     );
 }
+
+/// While a gateway decides alone, a key Redis refused stays refused until that refusal would
+/// have ended: an outage neither lifts a ban nor gives a spent minute or day a fresh share. A
+/// key Redis never refused gets its share.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_redis_refused_stays_refused_through_an_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let (gateway, _, _backend) = lone_gateway(dir.path(), &redis);
+    let config = dir.path().join("scale-out.toml");
+    let minute = enterprise(dir.path(), &config, &url, 3);
+    let day = keys(
+        dir.path(),
+        &config,
+        &url,
+        &[
+            "create",
+            "--plan",
+            "enterprise",
+            "--per-minute",
+            "100",
+            "--per-day",
+            "2",
+        ],
+    );
+    let banned = enterprise(dir.path(), &config, &url, 1);
+    let untouched = enterprise(dir.path(), &config, &url, 3);
+    gateway.wait_keys(5);
+    let c = client();
+    let get = |key: &str| c.get(gateway.url("/v1/pets")).bearer_auth(key).send();
+    for _ in 0..3 {
+        assert_eq!(get(&minute).await.unwrap().status(), 200);
+    }
+    assert_error(get(&minute).await.unwrap(), 429, "rate_limited").await;
+    for _ in 0..2 {
+        assert_eq!(get(&day).await.unwrap().status(), 200);
+    }
+    assert_error(get(&day).await.unwrap(), 429, "quota_exceeded").await;
+    assert_eq!(get(&banned).await.unwrap().status(), 200);
+    for _ in 0..10 {
+        assert_eq!(get(&banned).await.unwrap().status(), 429);
+    }
+    assert_error(get(&banned).await.unwrap(), 429, "key_banned").await;
+    assert_all_decided_in_redis(&[&gateway]);
+
+    redis.kill();
+    assert_error(get(&minute).await.unwrap(), 429, "rate_limited").await;
+    assert_error(get(&day).await.unwrap(), 429, "quota_exceeded").await;
+    let r = get(&banned).await.unwrap();
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((890..=900).contains(&retry), "Retry-After {retry}");
+    assert_error(r, 429, "key_banned").await;
+    let standing: serde_json::Value = get_rate_limit(&c, &gateway, &banned).await;
+    assert!(standing["banned_until"].is_u64(), "{standing}");
+    for _ in 0..3 {
+        assert_eq!(get(&untouched).await.unwrap().status(), 200);
+    }
+    assert_error(get(&untouched).await.unwrap(), 429, "rate_limited").await;
+    assert_eq!(
+        metric(gateway.admin, "gateway_limit_store_fallbacks_total"),
+        Some(7.0),
+        "all decided alone"
+    );
+}
+
+async fn get_rate_limit(c: &reqwest::Client, g: &GatewayOnly, key: &str) -> serde_json::Value {
+    let r = c
+        .get(g.url("/v1/rate_limit"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}

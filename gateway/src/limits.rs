@@ -352,6 +352,11 @@ impl Limiter {
         decision
     }
 
+    /// Gives `key` the state `start` makes, unless it has one.
+    pub fn start(&self, key: KeyId, start: impl FnOnce() -> KeyState) {
+        self.states.entry(key).or_insert_with(start);
+    }
+
     /// Where `key` stands at `now_ms`, counting nothing.
     pub fn peek(&self, key: KeyId, limits: Limits, now_ms: u64) -> Standing {
         self.states

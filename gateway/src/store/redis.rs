@@ -13,18 +13,26 @@
 //! limit divided by the gateways it last saw alive), `allow` admits, `deny` refuses with 503.
 //! A heartbeat every half second announces this gateway (a sorted set of instances with their
 //! last beat), counts the live ones, and notices Redis's return; the store then goes back to it.
+//!
+//! The fallback does not start every key afresh: a key that Redis last refused (banned, its
+//! minute window spent, or its day's quota) stays refused, locally, until that refusal would
+//! have ended, so an outage neither lifts a ban nor hands an exhausted key a new share.
 
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use dashmap::DashMap;
 use redis::{ErrorKind, ServerErrorKind};
 use serde::Deserialize;
 
 use super::Unavailable;
 use crate::bans::BanPolicy;
 use crate::keys::KeyId;
-use crate::limits::{DAY_MS, Decision, KeyState, Limiter, MINUTE_MS, Quota, Standing, Verdict};
+use crate::limits::{
+    DAY_MS, Decision, KeyState, Limiter, MINUTE_MS, Quota, Standing, Verdict, day_of,
+};
 use crate::metrics;
 use crate::plans::Limits;
 use crate::redis_conn::{CONNECT_TIMEOUT, RedisConn, RedisError, RedisHub, within};
@@ -79,6 +87,8 @@ pub struct RedisStore {
     alive: AtomicU64,
     /// This gateway's counts while Redis is away; forgotten when it returns.
     local: Limiter,
+    /// The keys Redis last refused, and how: what a key starts from in `local`.
+    refused: DashMap<KeyId, Refusal, foldhash::fast::RandomState>,
     instance: String,
 }
 
@@ -96,6 +106,7 @@ impl RedisStore {
             up: AtomicBool::new(false),
             alive: AtomicU64::new(1),
             local: Limiter::new(),
+            refused: DashMap::default(),
             instance: hex::encode(instance),
         });
         metrics::LIMIT_STORE_UP.set(0);
@@ -125,13 +136,20 @@ impl RedisStore {
             && let Some(conn) = self.hub.local_conn()
         {
             match within(self.timeout, self.eval(conn, key, limits, bans, now_ms)).await {
-                Ok(decision) => return Ok(decision),
+                Ok(decision) => {
+                    self.remember(key, &decision);
+                    return Ok(decision);
+                }
                 Err(e) => self.went_down(&e),
             }
         }
         metrics::LIMIT_STORE_FALLBACKS.inc();
         match self.fallback {
-            Fallback::Local => Ok(self.local.check(key, self.share(limits), bans, now_ms)),
+            Fallback::Local => {
+                let share = self.share(limits);
+                self.start_locally(key, share, now_ms);
+                Ok(self.local.check(key, share, bans, now_ms))
+            }
             Fallback::Allow => Ok(unlimited(limits, now_ms)),
             Fallback::Deny => Err(Unavailable),
         }
@@ -167,7 +185,11 @@ impl RedisStore {
             }
         }
         match self.fallback {
-            Fallback::Local => Ok(self.local.peek(key, self.share(limits), now_ms)),
+            Fallback::Local => {
+                let share = self.share(limits);
+                self.start_locally(key, share, now_ms);
+                Ok(self.local.peek(key, share, now_ms))
+            }
             Fallback::Allow => Ok(KeyState::default().peek(limits, now_ms)),
             Fallback::Deny => Err(Unavailable),
         }
@@ -210,6 +232,38 @@ impl RedisStore {
             reply => reply?,
         };
         decision_from_reply(reply, limits)
+    }
+
+    /// Keeps Redis's refusal of `key` for the fallback, or forgets one it no longer makes.
+    fn remember(&self, key: KeyId, decision: &Decision) {
+        let refusal = match decision.verdict {
+            Verdict::Admitted => {
+                if !self.refused.is_empty() {
+                    self.refused.remove(&key);
+                }
+                return;
+            }
+            verdict => Refusal {
+                verdict,
+                until_ms: decision.quota.reset_ms,
+            },
+        };
+        self.refused.insert(key, refusal);
+    }
+
+    /// Before `key`'s first decision alone: its local state starts where Redis last refused it,
+    /// if that refusal still holds at `now_ms`, with `share` spent.
+    fn start_locally(&self, key: KeyId, share: Limits, now_ms: u64) {
+        if let Some(refusal) = self.refused.get(&key).map(|r| *r)
+            && now_ms < refusal.until_ms
+        {
+            self.local.start(key, || refusal.state(share, now_ms));
+        }
+    }
+
+    /// Forgets refusals that have ended.
+    fn forget_ended_refusals(&self, now_ms: u64) {
+        self.refused.retain(|_, r| now_ms < r.until_ms);
     }
 
     /// Whether decisions are being made in Redis now (not by the fallback).
@@ -303,6 +357,38 @@ async fn heartbeat_loop(store: Weak<RedisStore>) {
         let Some(store) = store.upgrade() else { return };
         if let Err(e) = store.heartbeat().await {
             store.went_down(&e);
+        }
+        store.forget_ended_refusals(crate::unix_ms());
+    }
+}
+
+/// How Redis last refused a key, and until when (Unix milliseconds).
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    verdict: Verdict,
+    until_ms: u64,
+}
+
+impl Refusal {
+    /// A local state that refuses the same way until the same time under `share`.
+    fn state(self, share: Limits, now_ms: u64) -> KeyState {
+        match self.verdict {
+            Verdict::Banned => KeyState {
+                ban_until_ms: self.until_ms,
+                ..KeyState::default()
+            },
+            Verdict::RateLimited => KeyState {
+                minute_start_ms: NonZeroU64::new(self.until_ms.saturating_sub(MINUTE_MS)),
+                minute_count: u32::try_from(share.per_minute).unwrap_or(u32::MAX),
+                day: day_of(now_ms),
+                ..KeyState::default()
+            },
+            // (An admission is never kept.)
+            Verdict::QuotaExceeded | Verdict::Admitted => KeyState {
+                day: day_of(now_ms),
+                day_count: share.per_day,
+                ..KeyState::default()
+            },
         }
     }
 }
