@@ -237,10 +237,9 @@ impl RedisStore {
     /// Keeps Redis's refusal of `key` for the fallback, or forgets one it no longer makes.
     fn remember(&self, key: KeyId, decision: &Decision) {
         let refusal = match decision.verdict {
+            // (Not guarded by `is_empty`, which would lock every shard of the map.)
             Verdict::Admitted => {
-                if !self.refused.is_empty() {
-                    self.refused.remove(&key);
-                }
+                self.refused.remove(&key);
                 return;
             }
             verdict => Refusal {
