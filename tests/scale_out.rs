@@ -630,3 +630,76 @@ async fn get_rate_limit(c: &reqwest::Client, g: &GatewayOnly, key: &str) -> serd
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()
 }
+
+/// Which node of `cluster` serves the Redis key `name` (the others answer MOVED).
+fn owner(cluster: &RedisCluster, name: &str) -> usize {
+    cluster
+        .nodes
+        .iter()
+        .position(|n| !n.cli(&["exists", name]).starts_with("MOVED"))
+        .expect("one node serves every slot")
+}
+
+/// A cluster node that holds a key's state fails while the node with the gateways' heartbeat
+/// does not: the gateway falls back once and stays in fallback until that key's state answers
+/// again, instead of going back to Redis at each heartbeat and out at the next decision (one
+/// outage, not one per heartbeat); with the node back, decisions are made in Redis again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_cluster_node_is_one_outage_until_its_slots_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = RedisCluster::start();
+    let url = cluster.url();
+    let config = config(dir.path(), "[gateway.redis]\ntimeout_ms = 5000");
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let gateway = GatewayOnly::start(
+        dir.path(),
+        "a",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+    wait_store_up(&gateway, true, Duration::from_secs(10));
+    let heartbeat = owner(&cluster, "as:gateways");
+    let (key, node) = (1..)
+        .map(|made| {
+            let key = enterprise(dir.path(), &config, &url, 100_000);
+            gateway.wait_keys(made);
+            let node = owner(&cluster, &format!("as:lim:{{{}}}", key_id(&key)));
+            (key, node)
+        })
+        .find(|(_, node)| *node != heartbeat)
+        .unwrap();
+    let c = client();
+    let get = || c.get(gateway.url("/v1/pets")).bearer_auth(&key).send();
+    assert_eq!(get().await.unwrap().status(), 200);
+    assert_all_decided_in_redis(&[&gateway]);
+
+    // Within the cluster's node timeout (2 s), the other nodes still serve their slots, the
+    // heartbeat's included.
+    cluster.nodes[node].kill();
+    let killed = Instant::now();
+    while killed.elapsed() < Duration::from_millis(1600) {
+        assert_eq!(get().await.unwrap().status(), 200);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        metric(gateway.admin, "gateway_limit_store_outages_total"),
+        Some(1.0),
+        "{}",
+        fleet_report(&[&gateway])
+    );
+    assert_eq!(metric(gateway.admin, "gateway_limit_store_up"), Some(0.0));
+
+    cluster.nodes[node].restart();
+    wait_store_up(&gateway, true, Duration::from_secs(30));
+    let before = metric(gateway.admin, "gateway_limit_store_fallbacks_total").unwrap();
+    for _ in 0..5 {
+        assert_eq!(get().await.unwrap().status(), 200);
+    }
+    assert_eq!(
+        metric(gateway.admin, "gateway_limit_store_fallbacks_total"),
+        Some(before),
+        "decided in redis again\n{}",
+        fleet_report(&[&gateway])
+    );
+}

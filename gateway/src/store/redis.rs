@@ -85,6 +85,10 @@ pub struct RedisStore {
     up: AtomicBool,
     /// Gateways seen alive at the last heartbeat (at least 1: this one).
     alive: AtomicU64,
+    /// The key (its id) whose decision or peek last failed, 0: none since Redis was last up.
+    /// Redis is up again only once that key's state answers too: in a cluster whose master of
+    /// that key's slot has failed, the heartbeat's own key may live on a node that is fine.
+    failed_key: AtomicU64,
     /// This gateway's counts while Redis is away; forgotten when it returns.
     local: Limiter,
     /// The keys Redis last refused, and how: what a key starts from in `local`.
@@ -105,6 +109,7 @@ impl RedisStore {
             fallback,
             up: AtomicBool::new(false),
             alive: AtomicU64::new(1),
+            failed_key: AtomicU64::new(0),
             local: Limiter::new(),
             refused: DashMap::default(),
             instance: hex::encode(instance),
@@ -140,7 +145,7 @@ impl RedisStore {
                     self.remember(key, &decision);
                     return Ok(decision);
                 }
-                Err(e) => self.went_down(&e),
+                Err(e) => self.went_down(Some(key), &e),
             }
         }
         metrics::LIMIT_STORE_FALLBACKS.inc();
@@ -181,7 +186,7 @@ impl RedisStore {
                     let state = KeyState::from_fields(std::array::from_fn(|_| f.next().flatten()));
                     return Ok(state.peek(limits, now_ms));
                 }
-                Err(e) => self.went_down(&e),
+                Err(e) => self.went_down(Some(key), &e),
             }
         }
         match self.fallback {
@@ -279,9 +284,12 @@ impl RedisStore {
         }
     }
 
-    /// Redis failed a command or a heartbeat: requests use the fallback until a heartbeat
-    /// succeeds, and then new connections.
-    fn went_down(&self, e: &RedisError) {
+    /// Redis failed a command for `key`, or a heartbeat: requests use the fallback until a
+    /// heartbeat succeeds (reading `key`'s state too), and then new connections.
+    fn went_down(&self, key: Option<KeyId>, e: &RedisError) {
+        if let Some(key) = key {
+            self.failed_key.store(key.0, Ordering::Relaxed);
+        }
         self.hub.forget_local_conns();
         if self.up.swap(false, Ordering::AcqRel) {
             self.local.clear();
@@ -319,6 +327,20 @@ impl RedisStore {
             })
             .await?;
         self.alive.store(alive.max(1), Ordering::Relaxed);
+        let failed = self.failed_key.load(Ordering::Relaxed);
+        if failed != 0 {
+            within(self.timeout.max(Duration::from_millis(500)), async {
+                let _: i64 = redis::cmd("EXISTS")
+                    .arg(state_key(KeyId(failed)))
+                    .query_async(&mut conn)
+                    .await?;
+                Ok(())
+            })
+            .await?;
+            let _ =
+                self.failed_key
+                    .compare_exchange(failed, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
         if !self.up.swap(true, Ordering::AcqRel) {
             metrics::LIMIT_STORE_UP.set(1);
             log::info!(
@@ -355,7 +377,7 @@ async fn heartbeat_loop(store: Weak<RedisStore>) {
         tick.tick().await;
         let Some(store) = store.upgrade() else { return };
         if let Err(e) = store.heartbeat().await {
-            store.went_down(&e);
+            store.went_down(None, &e);
         }
         store.forget_ended_refusals(crate::unix_ms());
     }
