@@ -689,6 +689,11 @@ async fn a_failed_cluster_node_is_one_outage_until_its_slots_answer() {
         fleet_report(&[&gateway])
     );
     assert_eq!(metric(gateway.admin, "gateway_limit_store_up"), Some(0.0));
+    // The cluster client's retries of the node are not each a warning.
+    let log = gateway.proc.log_text();
+    assert!(!log.contains("Failed to connect to node"), "{log}");
+    let lost = format!("connection to {} lost", cluster.nodes[node].addr);
+    assert!(log.contains(&lost), "{log}");
 
     cluster.nodes[node].restart();
     wait_store_up(&gateway, true, Duration::from_secs(30));
