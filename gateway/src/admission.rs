@@ -103,7 +103,7 @@ impl Gateway {
         }
         ctx.route = Some(route);
         if declared_length(session.req_header()).is_some_and(|len| len > settings.max_body_bytes) {
-            return Err(too_large(&settings));
+            return Err(GatewayError::too_large(settings.max_body_bytes));
         }
         Ok(Admission::Forward)
     }
@@ -265,16 +265,6 @@ fn check_headers(request: &RequestHeader, settings: &Settings) -> std::result::R
         ));
     }
     Ok(())
-}
-
-fn too_large(settings: &Settings) -> GatewayError {
-    GatewayError::new(
-        ErrorCode::PayloadTooLarge,
-        format!(
-            "the request body is larger than {} bytes",
-            settings.max_body_bytes
-        ),
-    )
 }
 
 /// The body length `request` declares (`Content-Length`), if it declares one that parses.

@@ -40,17 +40,24 @@ impl GatewayError {
         ErrorBody::new(self.code, self.message.as_str()).to_json()
     }
 
-    /// The contract's answer for an error pingora raised while proxying; `None` when the client
-    /// is gone and nobody is left to answer.
-    pub fn from_proxy_error(e: &Error) -> Option<GatewayError> {
+    /// 413 for a body over `max_body_bytes`, whether its length was declared or it was streamed.
+    pub fn too_large(max_body_bytes: u64) -> GatewayError {
+        GatewayError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("the request body is larger than {max_body_bytes} bytes"),
+        )
+    }
+
+    /// The contract's answer for an error pingora raised while proxying (a streamed body found
+    /// over `max_body_bytes` among them); `None` when the client is gone and nobody is left to
+    /// answer.
+    pub fn from_proxy_error(e: &Error, max_body_bytes: u64) -> Option<GatewayError> {
         use ErrorType::*;
         if client_went_away(e) {
             return None;
         }
         let error = match (e.etype(), e.esource()) {
-            (HTTPStatus(413), _) => {
-                GatewayError::new(ErrorCode::PayloadTooLarge, "the request body is too large")
-            }
+            (HTTPStatus(413), _) => GatewayError::too_large(max_body_bytes),
             (ReadTimedout | WriteTimedout, ErrorSource::Upstream) => GatewayError::new(
                 ErrorCode::GatewayTimeout,
                 "the upstream service did not answer in time",

@@ -391,7 +391,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        let answer = GatewayError::from_proxy_error(e);
+        let answer = GatewayError::from_proxy_error(e, ctx.settings.max_body_bytes);
         match &answer {
             Some(error) if error.code == ErrorCode::InternalError => {
                 log::error!("request {}: {e}", ctx.request_id);
