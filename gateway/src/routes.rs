@@ -206,9 +206,14 @@ impl Pool {
     /// A pool of `instances`, each checked by connecting within `check_timeout`.
     pub fn new(instances: &[SocketAddr], check_timeout: Duration) -> std::io::Result<Pool> {
         let mut lb = LoadBalancer::<RoundRobin>::try_from_iter(instances)?;
+        // In address order, as the balancer keeps them, so a reload that lists the same
+        // instances in another order keeps the running pool.
+        let mut sorted = instances.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
         let failures = Arc::new(Failures {
             epoch: Instant::now(),
-            at: instances.iter().map(|a| (*a, AtomicU64::new(0))).collect(),
+            at: sorted.into_iter().map(|a| (a, AtomicU64::new(0))).collect(),
         });
         let mut tcp = TcpHealthCheck::new();
         tcp.peer_template.options.connection_timeout = Some(check_timeout);
@@ -455,6 +460,34 @@ mod tests {
         assert_eq!(port("/v1/store/orders/9"), Some(2));
         assert_eq!(port("/v1/store/inventory"), Some(1));
         assert_eq!(port("/v2/pets"), None);
+    }
+
+    #[test]
+    fn a_reload_listing_the_same_instances_in_another_order_keeps_the_running_pool() {
+        let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        let routes = |instances: &[SocketAddr]| {
+            Routes::new(vec![Route {
+                prefix: "/v1/orders".to_owned(),
+                upstream: Upstream::Pool(Arc::new(
+                    Pool::new(instances, Duration::from_secs(1)).unwrap(),
+                )),
+                timeout: Duration::from_secs(1),
+                deprecations: Vec::new(),
+                tls: None,
+                cors: None,
+                upstream_duration: crate::metrics::UPSTREAM_DURATION
+                    .with_label_values(&["/v1/orders"]),
+            }])
+        };
+        let pool = |routes: &Routes| match &routes.find("/v1/orders").unwrap().upstream {
+            Upstream::Pool(pool) => Arc::clone(pool),
+            Upstream::One(_) => unreachable!("a pool"),
+        };
+        let running = routes(&[addr(2), addr(1)]);
+        let reloaded = routes(&[addr(1), addr(2)]).keeping_pools_of(&running);
+        assert!(Arc::ptr_eq(&pool(&reloaded), &pool(&running)));
+        let other = routes(&[addr(1), addr(3)]).keeping_pools_of(&running);
+        assert!(!Arc::ptr_eq(&pool(&other), &pool(&running)));
     }
 
     proptest! {
