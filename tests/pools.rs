@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::{PETS_ROUTE, Stack, TestUpstream, client, metric};
@@ -27,6 +28,40 @@ fn wait_ready(stack: &Stack, want: u16) {
     }
 }
 
+/// `gateway_keys` (`[gateway]` keys), then the pets route and `/v1/store/orders` over a pool of
+/// `instances`.
+fn pool_config(gateway_keys: &str, instances: &[SocketAddr]) -> String {
+    let list: Vec<String> = instances.iter().map(|i| format!("\"{i}\"")).collect();
+    format!(
+        "{gateway_keys}\n{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store/orders\"\nupstreams = [{}]\n",
+        list.join(", ")
+    )
+}
+
+/// An order fetched through the pool with `key`.
+async fn get_order(c: &reqwest::Client, stack: &Stack, key: &str) -> reqwest::Response {
+    c.get(stack.url("/v1/store/orders/1"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// `gateway_upstream_retries_total` of the pool's `instance` for `error`.
+fn retries(stack: &Stack, error: &str, instance: SocketAddr) -> Option<f64> {
+    metric(
+        stack.admin,
+        &format!(
+            "gateway_upstream_retries_total{{error=\"{error}\",instance=\"{instance}\",route=\"/v1/store/orders\"}}"
+        ),
+    )
+}
+
+/// The name of `gateway_upstream_healthy` for the pool's `instance`.
+fn healthy(instance: SocketAddr) -> String {
+    format!("gateway_upstream_healthy{{instance=\"{instance}\",route=\"/v1/store/orders\"}}")
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pool_serves_every_request_with_an_instance_down_and_readyz_follows_its_health() {
     let dir = tempfile::tempdir().unwrap();
@@ -34,24 +69,14 @@ async fn a_pool_serves_every_request_with_an_instance_down_and_readyz_follows_it
         TestUpstream::start(Duration::ZERO).await,
         TestUpstream::start(Duration::ZERO).await,
     );
-    let stack = Stack::start_with_text(
-        dir.path(),
-        &format!(
-            "{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store/orders\"\nupstreams = [\"{}\", \"{}\"]\n",
-            a.addr, b.addr
-        ),
-    );
+    let stack = Stack::start_with_text(dir.path(), &pool_config("", &[a.addr, b.addr]));
     let key = stack.key(&["--plan", "business"]);
     let c = client();
-    let get = || {
-        c.get(stack.url("/v1/store/orders/1"))
-            .bearer_auth(&key)
-            .send()
-    };
+    let get = || get_order(&c, &stack, &key);
 
     // Round-robin over both.
     for _ in 0..10 {
-        assert_eq!(get().await.unwrap().status(), 200);
+        assert_eq!(get().await.status(), 200);
     }
     assert_eq!((a.hits(), b.hits()), (5, 5), "balanced round-robin");
     assert_eq!(ready(&stack), 200);
@@ -60,34 +85,26 @@ async fn a_pool_serves_every_request_with_an_instance_down_and_readyz_follows_it
     a.stop();
     for i in 0..20 {
         assert_eq!(
-            get().await.unwrap().status(),
+            get().await.status(),
             200,
             "request {i} with one instance down"
         );
     }
     assert_eq!(b.hits(), 25);
-    let healthy = format!(
-        "gateway_upstream_healthy{{instance=\"{}\",route=\"/v1/store/orders\"}}",
-        a.addr
-    );
+    let healthy = healthy(a.addr);
     common::wait_metric(stack.admin, &healthy, Duration::from_secs(5), |v| v == 0.0);
     assert_eq!(ready(&stack), 200, "the route still has a healthy instance");
 
     // Both gone: not ready, and requests get 502.
     b.stop();
     wait_ready(&stack, 503);
-    let r = get().await.unwrap();
+    let r = get().await;
     common::assert_error(r, 502, "bad_gateway").await;
     // Its first attempt was refused and tried again on the other instance: counted, and not
     // one of pingora's warnings, which came once per such request under load.
     let retried: f64 = [a.addr, b.addr]
-        .iter()
-        .filter_map(|i| {
-            metric(
-                stack.admin,
-                &format!("gateway_upstream_retries_total{{error=\"ConnectRefused\",instance=\"{i}\",route=\"/v1/store/orders\"}}"),
-            )
-        })
+        .into_iter()
+        .filter_map(|i| retries(&stack, "ConnectRefused", i))
         .sum();
     assert!(retried >= 1.0, "retries counted: {retried}");
     let log = stack.proc.log_text();
@@ -114,7 +131,7 @@ async fn a_pool_serves_every_request_with_an_instance_down_and_readyz_follows_it
     // One back where it was: ready again, and served.
     let back = TestUpstream::start_at(a.addr).await;
     wait_ready(&stack, 200);
-    assert_eq!(get().await.unwrap().status(), 200);
+    assert_eq!(get().await.status(), 200);
     assert!(back.hits() >= 1);
     assert_eq!(metric(stack.admin, &healthy), Some(1.0));
 }
@@ -149,27 +166,18 @@ async fn a_connection_that_times_out_is_tried_on_another_instance() {
     let (x, y) = (x.local_addr().unwrap(), y.local_addr().unwrap());
     let stack = Stack::start_with_text(
         dir.path(),
-        &format!(
-            "connect_timeout_ms = 300\n{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store/orders\"\nupstreams = [\"{x}\", \"{y}\"]\n"
-        ),
+        &pool_config("connect_timeout_ms = 300", &[x, y]),
     );
     wait_ready(&stack, 503);
     let key = stack.key(&["--plan", "business"]);
-    let r = client()
-        .get(stack.url("/v1/store/orders/1"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
+    let r = get_order(&client(), &stack, &key).await;
     common::assert_error(r, 502, "bad_gateway").await;
-    let retries = |i| {
-        metric(
-            stack.admin,
-            &format!("gateway_upstream_retries_total{{error=\"ConnectTimedout\",instance=\"{i}\",route=\"/v1/store/orders\"}}"),
-        )
-        .unwrap_or(0.0)
-    };
-    assert_eq!(retries(x) + retries(y), 1.0, "tried once more, elsewhere");
+    let timed_out = |i| retries(&stack, "ConnectTimedout", i).unwrap_or(0.0);
+    assert_eq!(
+        timed_out(x) + timed_out(y),
+        1.0,
+        "tried once more, elsewhere"
+    );
 }
 
 /// An instance that refuses a connection leaves the rotation at once, not at the next health
@@ -186,22 +194,18 @@ async fn an_instance_that_refuses_a_connection_gets_no_traffic_until_a_check_pas
     let config = |interval_ms: u64| {
         Stack::config_with_text(
             dir.path(),
-            &format!(
-                "health_check_interval_ms = {interval_ms}\n{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store/orders\"\nupstreams = [\"{}\", \"{}\"]\n",
-                a.addr, b.addr
+            &pool_config(
+                &format!("health_check_interval_ms = {interval_ms}"),
+                &[a.addr, b.addr],
             ),
         )
     };
     let stack = Stack::start_with(dir.path(), &config(3_600_000));
     let key = stack.key(&["--plan", "business"]);
     let c = client();
-    let get = || {
-        c.get(stack.url("/v1/store/orders/1"))
-            .bearer_auth(&key)
-            .send()
-    };
+    let get = || get_order(&c, &stack, &key);
     for _ in 0..2 {
-        assert_eq!(get().await.unwrap().status(), 200);
+        assert_eq!(get().await.status(), 200);
     }
     assert_eq!((a.hits(), b.hits()), (1, 1), "both in the rotation");
 
@@ -209,28 +213,22 @@ async fn an_instance_that_refuses_a_connection_gets_no_traffic_until_a_check_pas
     // more tries, so no more retries.
     a.stop();
     for i in 0..20 {
-        assert_eq!(get().await.unwrap().status(), 200, "request {i}");
+        assert_eq!(get().await.status(), 200, "request {i}");
     }
     assert_eq!(b.hits(), 21);
-    let retries = metric(
-        stack.admin,
-        &format!(
-            "gateway_upstream_retries_total{{error=\"ConnectRefused\",instance=\"{}\",route=\"/v1/store/orders\"}}",
-            a.addr
-        ),
+    assert_eq!(
+        retries(&stack, "ConnectRefused", a.addr),
+        Some(1.0),
+        "one refusal, then out of the rotation"
     );
-    assert_eq!(retries, Some(1.0), "one refusal, then out of the rotation");
-    let healthy = format!(
-        "gateway_upstream_healthy{{instance=\"{}\",route=\"/v1/store/orders\"}}",
-        a.addr
-    );
+    let healthy = healthy(a.addr);
     assert_eq!(metric(stack.admin, &healthy), Some(0.0));
     assert_eq!(ready(&stack), 200, "`b` is still in the rotation");
 
     // `a` answers again, but no check has passed since its refusal: still no traffic.
     let back = TestUpstream::start_at(a.addr).await;
     for _ in 0..10 {
-        assert_eq!(get().await.unwrap().status(), 200);
+        assert_eq!(get().await.status(), 200);
     }
     assert_eq!(back.hits(), 0, "out of the rotation until a check passes");
 
@@ -239,7 +237,7 @@ async fn an_instance_that_refuses_a_connection_gets_no_traffic_until_a_check_pas
     kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
     common::wait_metric(stack.admin, &healthy, Duration::from_secs(5), |v| v == 1.0);
     for _ in 0..10 {
-        assert_eq!(get().await.unwrap().status(), 200);
+        assert_eq!(get().await.status(), 200);
     }
     assert_eq!(back.hits(), 5, "round-robin over both again");
 }

@@ -109,6 +109,15 @@ fn fleet(dir: &Path, url_a: &str, url_b: &str) -> Fleet {
     }
 }
 
+/// A response's `Retry-After`, in seconds.
+fn retry_after(r: &reqwest::Response) -> u64 {
+    r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|&&s| s == status).count()
 }
@@ -240,11 +249,7 @@ async fn two_gateways_share_keys_limits_and_bans_through_redis() {
     }
     assert_error(get(&a).await.unwrap(), 429, "key_banned").await;
     let r = get(&b).await.unwrap();
-    let retry: u64 = r.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry = retry_after(&r);
     assert!((895..=900).contains(&retry), "Retry-After {retry}");
     assert_error(r, 429, "key_banned").await;
 
@@ -600,11 +605,7 @@ async fn what_redis_refused_stays_refused_through_an_outage() {
     assert_error(get(&minute).await.unwrap(), 429, "rate_limited").await;
     assert_error(get(&day).await.unwrap(), 429, "quota_exceeded").await;
     let r = get(&banned).await.unwrap();
-    let retry: u64 = r.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry = retry_after(&r);
     assert!((890..=900).contains(&retry), "Retry-After {retry}");
     assert_error(r, 429, "key_banned").await;
     let standing: serde_json::Value = get_rate_limit(&c, &gateway, &banned).await;
