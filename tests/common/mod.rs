@@ -43,6 +43,39 @@ pub fn wait_for_port(addr: SocketAddr, child: &mut Child) {
     panic!("nothing listens on {addr} after 30 s");
 }
 
+/// How many times a server is started on fresh ports when a port [`free_addr`] handed out was
+/// taken by another test before the server could bind it.
+const START_ATTEMPTS: usize = 5;
+
+/// Waits until `proc` listens on every one of `addrs`: its log says so (`http://<addr>`) and a
+/// connection is accepted there. `false` when it exited because one of them was taken meanwhile
+/// (the window between [`free_addr`] releasing a port and the server binding it, in which a test
+/// running beside this one may take it), so that the caller starts it again on other ports.
+/// Any other early exit fails the test.
+fn listening(proc: &mut Proc, addrs: &[SocketAddr]) -> bool {
+    for addr in addrs {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let said = format!("http://{addr}");
+        while !proc.log_text().contains(&said)
+            || TcpStream::connect_timeout(addr, Duration::from_millis(200)).is_err()
+        {
+            if let Ok(Some(status)) = proc.child.try_wait() {
+                let log = proc.log_text();
+                if log.contains("Address already in use") {
+                    return false;
+                }
+                panic!("animal-store exited early with {status}:\n{log}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nothing listens on {addr} after 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    true
+}
+
 /// A running `animal-store` process; killed when dropped.
 pub struct Proc {
     pub child: Child,
@@ -153,22 +186,26 @@ impl Backend {
     }
 
     pub fn start_with(data_dir: &Path, config: &Path) -> Backend {
-        let addr = free_addr();
-        let log = data_dir.with_extension(format!("backend-{}.log", addr.port()));
-        let mut proc = Proc::start(
-            &[
-                "backend",
-                "--config",
-                config.to_str().unwrap(),
-                "--data-dir",
-                data_dir.to_str().unwrap(),
-                "--backend-listen",
-                &addr.to_string(),
-            ],
-            log,
-        );
-        wait_for_port(addr, &mut proc.child);
-        Backend { proc, addr }
+        for _ in 0..START_ATTEMPTS {
+            let addr = free_addr();
+            let log = data_dir.with_extension(format!("backend-{}.log", addr.port()));
+            let mut proc = Proc::start(
+                &[
+                    "backend",
+                    "--config",
+                    config.to_str().unwrap(),
+                    "--data-dir",
+                    data_dir.to_str().unwrap(),
+                    "--backend-listen",
+                    &addr.to_string(),
+                ],
+                log,
+            );
+            if listening(&mut proc, &[addr]) {
+                return Backend { proc, addr };
+            }
+        }
+        panic!("the backend found its port taken in each of {START_ATTEMPTS} starts");
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -306,36 +343,38 @@ impl Stack {
         config: &Path,
         extra: &[&str],
     ) -> Stack {
-        let (listen, backend, admin) = (free_addr(), free_addr(), free_addr());
-        let (listen_s, backend_s, admin_s) =
-            (listen.to_string(), backend.to_string(), admin.to_string());
-        let mut args = vec![
-            "serve",
-            "--config",
-            config.to_str().unwrap(),
-            "--data-dir",
-            data_dir.to_str().unwrap(),
-            "--listen",
-            &listen_s,
-            "--backend-listen",
-            &backend_s,
-            "--admin-listen",
-            &admin_s,
-        ];
-        args.extend_from_slice(extra);
-        let log = dir.join(format!("serve-{}.log", listen.port()));
-        let mut proc = Proc::start_after(shell, &args, log);
-        wait_for_port(listen, &mut proc.child);
-        wait_for_port(admin, &mut proc.child);
-        wait_for_port(backend, &mut proc.child);
-        Stack {
-            proc,
-            listen,
-            backend,
-            admin,
-            data_dir,
-            config: config.to_owned(),
+        for _ in 0..START_ATTEMPTS {
+            let (listen, backend, admin) = (free_addr(), free_addr(), free_addr());
+            let (listen_s, backend_s, admin_s) =
+                (listen.to_string(), backend.to_string(), admin.to_string());
+            let mut args = vec![
+                "serve",
+                "--config",
+                config.to_str().unwrap(),
+                "--data-dir",
+                data_dir.to_str().unwrap(),
+                "--listen",
+                &listen_s,
+                "--backend-listen",
+                &backend_s,
+                "--admin-listen",
+                &admin_s,
+            ];
+            args.extend_from_slice(extra);
+            let log = dir.join(format!("serve-{}.log", listen.port()));
+            let mut proc = Proc::start_after(shell, &args, log);
+            if listening(&mut proc, &[listen, admin, backend]) {
+                return Stack {
+                    proc,
+                    listen,
+                    backend,
+                    admin,
+                    data_dir,
+                    config: config.to_owned(),
+                };
+            }
         }
+        panic!("serve found a port taken in each of {START_ATTEMPTS} starts");
     }
 
     fn key_in(data_dir: &Path, config: &Path, args: &[&str]) -> String {
@@ -712,32 +751,35 @@ impl GatewayOnly {
         backend: SocketAddr,
         extra: &[&str],
     ) -> GatewayOnly {
-        let (listen, admin) = (free_addr(), free_addr());
         let data_dir = dir.join(format!("gateway-{name}"));
-        let mut args = vec![
-            "gateway".to_owned(),
-            "--config".to_owned(),
-            config.to_str().unwrap().to_owned(),
-            "--data-dir".to_owned(),
-            data_dir.to_str().unwrap().to_owned(),
-            "--listen".to_owned(),
-            listen.to_string(),
-            "--admin-listen".to_owned(),
-            admin.to_string(),
-            "--backend-listen".to_owned(),
-            backend.to_string(),
-        ];
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut proc = Proc::start(&args, dir.join(format!("gateway-{name}.log")));
-        wait_for_port(listen, &mut proc.child);
-        wait_for_port(admin, &mut proc.child);
-        GatewayOnly {
-            proc,
-            listen,
-            admin,
-            data_dir,
+        for _ in 0..START_ATTEMPTS {
+            let (listen, admin) = (free_addr(), free_addr());
+            let mut args = vec![
+                "gateway".to_owned(),
+                "--config".to_owned(),
+                config.to_str().unwrap().to_owned(),
+                "--data-dir".to_owned(),
+                data_dir.to_str().unwrap().to_owned(),
+                "--listen".to_owned(),
+                listen.to_string(),
+                "--admin-listen".to_owned(),
+                admin.to_string(),
+                "--backend-listen".to_owned(),
+                backend.to_string(),
+            ];
+            args.extend(extra.iter().map(|s| (*s).to_owned()));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut proc = Proc::start(&args, dir.join(format!("gateway-{name}.log")));
+            if listening(&mut proc, &[listen, admin]) {
+                return GatewayOnly {
+                    proc,
+                    listen,
+                    admin,
+                    data_dir,
+                };
+            }
         }
+        panic!("the gateway found a port taken in each of {START_ATTEMPTS} starts");
     }
 
     pub fn url(&self, path: &str) -> String {
