@@ -709,3 +709,45 @@ async fn a_failed_cluster_node_is_one_outage_until_its_slots_answer() {
         fleet_report(&[&gateway])
     );
 }
+
+/// A Redis that loses its data (here restarted without persistence) under a running gateway
+/// gets the key records back from that gateway: clients' keys keep working, a revoked key stays
+/// revoked, and `keys list` shows both again.
+#[tokio::test(flavor = "multi_thread")]
+async fn key_records_redis_lost_are_written_back_by_a_running_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start_with(&["--appendonly", "no"]);
+    let url = redis.url();
+    let (gateway, key, _backend) = lone_gateway(dir.path(), &redis);
+    let config = dir.path().join("scale-out.toml");
+    let revoked = enterprise(dir.path(), &config, &url, 100);
+    gateway.wait_keys(2);
+    keys(dir.path(), &config, &url, &["revoke", key_id(&revoked)]);
+    gateway.wait_keys(1);
+    let c = client();
+    let get = |key: &str| c.get(gateway.url("/v1/pets")).bearer_auth(key).send();
+    assert_eq!(get(&key).await.unwrap().status(), 200);
+
+    redis.restart();
+    wait_metric(
+        gateway.admin,
+        "gateway_key_records_restored_total",
+        Duration::from_secs(10),
+        |v| v == 2.0,
+    );
+    assert_eq!(get(&key).await.unwrap().status(), 200);
+    assert_error(get(&revoked).await.unwrap(), 401, "unauthorized").await;
+    assert_eq!(metric(gateway.admin, "gateway_active_keys"), Some(1.0));
+    let (code, list, _) = cli(&[
+        "keys",
+        "list",
+        "--config",
+        config.to_str().unwrap(),
+        "--redis-url",
+        &url,
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(list.lines().count(), 2, "{list}");
+    let log = gateway.proc.log_text();
+    assert_eq!(log.matches("lost 2 of the key records").count(), 1, "{log}");
+}

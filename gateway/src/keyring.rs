@@ -7,7 +7,9 @@
 //! Redis, every set loaded is also copied to `keys-cache.json` in the data directory (hashes
 //! only), so a gateway started while Redis is away still knows the keys it knew.
 
+use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -162,14 +164,40 @@ impl KeySource {
     }
 
     /// The records and their stamp, read together where the store allows.
-    async fn load_stamped(&self) -> Result<(Stamp, Vec<KeyRecord>), KeyError> {
+    ///
+    /// With Redis, `restore` says that the local copy holds what this process last loaded from
+    /// this Redis. Records are never deleted (a revoked key keeps its record), so one that the
+    /// copy has and Redis no longer has was lost by Redis: restarted without persistence,
+    /// flushed, or failed over to a replica that had not seen it. Such records are written back
+    /// (a revoked one over one that is not) before the set is taken, so clients' keys keep
+    /// working. Not at a start: a data directory's copy may be of another Redis.
+    async fn load_stamped(&self, restore: bool) -> Result<(Stamp, Vec<KeyRecord>), KeyError> {
         match self {
             KeySource::File(store) => {
                 let stamp = file_stamp(store);
                 Ok((Stamp::File(stamp), store.load()?))
             }
             KeySource::Redis { store, cache } => {
-                let (version, records) = store.load().await?;
+                let (mut version, mut records) = store.load().await?;
+                if restore {
+                    let present: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
+                    let lost: Vec<KeyRecord> = cache
+                        .load()?
+                        .into_iter()
+                        .filter(|r| !present.contains(r.id.as_str()))
+                        .collect();
+                    if !lost.is_empty() {
+                        let written = store.restore(&lost).await?;
+                        metrics::KEY_RECORDS_RESTORED.inc_by(written);
+                        log::error!(
+                            "gateway: {} lost {} of the key records this gateway had loaded from it (restarted without persistence, flushed, or failed over to a replica behind it); wrote {written} back from {}",
+                            self.describe(),
+                            lost.len(),
+                            cache.path().display()
+                        );
+                        (version, records) = store.load().await?;
+                    }
+                }
                 if let Err(e) = cache.replace_all(records.clone()) {
                     log::warn!("gateway: could not update the local copy of the keys: {e}");
                 }
@@ -188,6 +216,8 @@ pub struct Keyring {
     current: ArcSwap<KeySet>,
     stamp: Mutex<Stamp>,
     interval: Duration,
+    /// Whether this process has loaded the key set from its store (not from the local copy).
+    loaded_from_store: AtomicBool,
 }
 
 impl Keyring {
@@ -198,7 +228,7 @@ impl Keyring {
         plans: Plans,
         interval: Duration,
     ) -> Result<Arc<Keyring>, KeyError> {
-        let (stamp, records) = match source.blocking(source.load_stamped()) {
+        let (stamp, records) = match source.blocking(source.load_stamped(false)) {
             Ok(loaded) => loaded,
             Err(e) => match &source {
                 KeySource::Redis { cache, .. } => {
@@ -224,6 +254,7 @@ impl Keyring {
             plans: Mutex::new(plans),
             recorded: Mutex::new(std::collections::HashMap::new()),
             current: ArcSwap::from_pointee(set),
+            loaded_from_store: AtomicBool::new(stamp != Stamp::Unknown),
             stamp: Mutex::new(stamp),
             interval,
         }))
@@ -240,7 +271,8 @@ impl Keyring {
         if now != Stamp::Unknown && now == *self.last_stamp() {
             return;
         }
-        match self.source.load_stamped().await {
+        let restore = self.loaded_from_store.load(Ordering::Relaxed);
+        match self.source.load_stamped(restore).await {
             Ok((stamp, records)) => {
                 let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let set = KeySet::build(&records, &plans);
@@ -259,6 +291,7 @@ impl Keyring {
                 metrics::KEY_LOADS.inc();
                 self.current.store(Arc::new(set));
                 *self.last_stamp() = stamp;
+                self.loaded_from_store.store(true, Ordering::Relaxed);
             }
             Err(e) => {
                 metrics::KEY_RELOAD_FAILURES.inc();

@@ -135,6 +135,17 @@ pub static KEY_LOADS: Lazy<IntCounter> = Lazy::new(|| {
     )
 });
 
+/// Key records that Redis had lost and this gateway wrote back.
+pub static KEY_RECORDS_RESTORED: Lazy<IntCounter> = Lazy::new(|| {
+    register(
+        IntCounter::new(
+            "gateway_key_records_restored_total",
+            "Key records Redis had lost (restarted empty, flushed) that this gateway wrote back",
+        )
+        .expect("valid metric"),
+    )
+});
+
 /// Key store reloads that failed (the previous key set stays in use).
 pub static KEY_RELOAD_FAILURES: Lazy<IntGauge> = Lazy::new(|| {
     register(
@@ -271,6 +282,7 @@ pub fn render() -> Vec<u8> {
     Lazy::force(&ACTIVE_KEYS);
     Lazy::force(&KEY_RELOAD_FAILURES);
     Lazy::force(&KEY_LOADS);
+    Lazy::force(&KEY_RECORDS_RESTORED);
     Lazy::force(&LIMIT_STORE_FALLBACKS);
     Lazy::force(&LIMIT_STORE_OUTAGES);
     Lazy::force(&CLIENT_CONNECTIONS);

@@ -5,7 +5,8 @@
 //! the version every `key_refresh_ms` and reloads the records only when it moved. Both keys
 //! carry the hash tag `{keys}`, so they share a cluster slot and one script can change both.
 //! Changes are read-modify-write with a compare-and-set on the version, retried on a conflict,
-//! so concurrent `keys` commands never lose each other's writes.
+//! so concurrent `keys` commands never lose each other's writes. Records are never deleted; a
+//! running gateway writes back any that Redis lost ([`RedisKeyStore::restore`]).
 
 use std::sync::Arc;
 
@@ -31,6 +32,25 @@ local v = redis.call('GET', KEYS[2]) or '0'
 if v ~= ARGV[1] then return -1 end
 for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return redis.call('INCR', KEYS[2])
+";
+/// Writes back records Redis lost: each `ARGV` triple (id, record, revoked: 1 or 0) is set if the
+/// id is absent, or over a record that is not revoked when this one is (a revocation is never
+/// undone); then the version moves, so every gateway reloads. Answers how many were written.
+const RESTORE: &str = r"
+local written = 0
+for i = 1, #ARGV, 3 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    written = written + 1
+  elseif ARGV[i + 2] == '1' then
+    local current = cjson.decode(redis.call('HGET', KEYS[1], ARGV[i]))
+    if current['revoked'] == nil or current['revoked'] == cjson.null then
+      redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+      written = written + 1
+    end
+  end
+end
+if written > 0 then redis.call('INCR', KEYS[2]) end
+return written
 ";
 /// Attempts of one change against concurrent writers.
 const ATTEMPTS: usize = 20;
@@ -128,6 +148,27 @@ impl RedisKeyStore {
         Err(KeyError::Redis(
             "too many concurrent changes; try again".to_owned(),
         ))
+    }
+
+    /// Writes back `records` that Redis no longer has (see [`RESTORE`]); returns how many it
+    /// wrote.
+    pub async fn restore(&self, records: &[KeyRecord]) -> Result<u64, KeyError> {
+        let script = redis::Script::new(RESTORE);
+        let mut invocation = script.key(RECORDS);
+        invocation.key(VERSION);
+        for record in records {
+            let json = serde_json::to_string(record).expect("records serialize");
+            invocation
+                .arg(&record.id)
+                .arg(json)
+                .arg(u8::from(record.revoked.is_some()));
+        }
+        let mut conn = self.conn().await?;
+        within(CONNECT_TIMEOUT, async {
+            Ok(invocation.invoke_async(&mut conn).await?)
+        })
+        .await
+        .map_err(|e| self.error(e))
     }
 
     /// When each key was last used (Unix seconds, to the minute).
