@@ -727,6 +727,7 @@ async fn key_records_redis_lost_are_written_back_by_a_running_gateway() {
     let c = client();
     let get = |key: &str| c.get(gateway.url("/v1/pets")).bearer_auth(key).send();
     assert_eq!(get(&key).await.unwrap().status(), 200);
+    let loads = metric(gateway.admin, "gateway_key_loads_total").unwrap();
 
     redis.restart();
     wait_metric(
@@ -734,6 +735,13 @@ async fn key_records_redis_lost_are_written_back_by_a_running_gateway() {
         "gateway_key_records_restored_total",
         Duration::from_secs(10),
         |v| v == 2.0,
+    );
+    // The set read back after the restore is in force (and its local copy written).
+    wait_metric(
+        gateway.admin,
+        "gateway_key_loads_total",
+        Duration::from_secs(10),
+        |v| v == loads + 1.0,
     );
     assert_eq!(get(&key).await.unwrap().status(), 200);
     assert_error(get(&revoked).await.unwrap(), 401, "unauthorized").await;
@@ -750,4 +758,20 @@ async fn key_records_redis_lost_are_written_back_by_a_running_gateway() {
     assert_eq!(list.lines().count(), 2, "{list}");
     let log = gateway.proc.log_text();
     assert_eq!(log.matches("lost 2 of the key records").count(), 1, "{log}");
+
+    // A local copy that cannot be brought up to date is removed rather than left behind Redis,
+    // where it would bring back a key revoked since. (A directory in the way of its temporary
+    // file makes the write fail, for root too.)
+    let copy = gateway.data_dir.join("keys-cache.json");
+    assert!(copy.exists());
+    std::fs::create_dir(gateway.data_dir.join("keys-cache.json.tmp")).unwrap();
+    enterprise(dir.path(), &config, &url, 100);
+    gateway.wait_keys(2);
+    assert!(!copy.exists(), "the stale copy is gone");
+    assert!(
+        gateway
+            .proc
+            .log_text()
+            .contains("removed it, so that no stale copy is used")
+    );
 }

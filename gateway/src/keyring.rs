@@ -199,7 +199,16 @@ impl KeySource {
                     }
                 }
                 if let Err(e) = cache.replace_all(records.clone()) {
-                    log::warn!("gateway: could not update the local copy of the keys: {e}");
+                    // A copy behind Redis must not be used: not at a start while Redis is away
+                    // (a key revoked since would work), not to restore (it would come back).
+                    let removed = match std::fs::remove_file(cache.path()) {
+                        Ok(()) => "removed it, so that no stale copy is used",
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "there is none",
+                        Err(_) => "and could not remove it either",
+                    };
+                    log::warn!(
+                        "gateway: could not update the local copy of the keys: {e}; {removed}"
+                    );
                 }
                 Ok((Stamp::Redis(version), records))
             }
