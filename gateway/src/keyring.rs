@@ -5,11 +5,12 @@
 //! checks the store's stamp every `key_refresh` (the file's identity, or the Redis version) and
 //! swaps in a new set when it moved, so `keys` commands take effect without a restart. With
 //! Redis, every set loaded is also copied to `keys-cache.json` in the data directory (hashes
-//! only), so a gateway started while Redis is away still knows the keys it knew.
+//! only), so a gateway started while Redis is away still knows the keys it knew, and a running
+//! gateway can write back records that Redis lost.
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -165,13 +166,17 @@ impl KeySource {
 
     /// The records and their stamp, read together where the store allows.
     ///
-    /// With Redis, `restore` says that the local copy holds what this process last loaded from
-    /// this Redis. Records are never deleted (a revoked key keeps its record), so one that the
-    /// copy has and Redis no longer has was lost by Redis: restarted without persistence,
-    /// flushed, or failed over to a replica that had not seen it. Such records are written back
-    /// (a revoked one over one that is not) before the set is taken, so clients' keys keep
-    /// working. Not at a start: a data directory's copy may be of another Redis.
-    async fn load_stamped(&self, restore: bool) -> Result<(Stamp, Vec<KeyRecord>), KeyError> {
+    /// With Redis, `last_version` is the version this process last loaded from it, when the
+    /// local copy holds that load. Every change moves the version up and records are never
+    /// deleted (a revoked key keeps its record), so a version below it means Redis lost data:
+    /// restarted without persistence, flushed, or failed over to a replica that had not seen
+    /// it. Records of the copy that Redis no longer has are then written back (a revoked one
+    /// over one that is not) before the set is taken, so clients' keys keep working. Not at a
+    /// start: a data directory's copy may be of another Redis.
+    async fn load_stamped(
+        &self,
+        last_version: Option<u64>,
+    ) -> Result<(Stamp, Vec<KeyRecord>), KeyError> {
         match self {
             KeySource::File(store) => {
                 let stamp = file_stamp(store);
@@ -179,10 +184,13 @@ impl KeySource {
             }
             KeySource::Redis { store, cache } => {
                 let (mut version, mut records) = store.load().await?;
-                if restore {
+                if last_version.is_some_and(|last| version < last) {
                     let present: HashSet<&str> = records.iter().map(|r| r.id.as_str()).collect();
-                    let lost: Vec<KeyRecord> = cache
-                        .load()?
+                    let held = cache.load().unwrap_or_else(|e| {
+                        log::warn!("gateway: cannot read the local copy of the keys: {e}");
+                        Vec::new()
+                    });
+                    let lost: Vec<KeyRecord> = held
                         .into_iter()
                         .filter(|r| !present.contains(r.id.as_str()))
                         .collect();
@@ -225,8 +233,8 @@ pub struct Keyring {
     current: ArcSwap<KeySet>,
     stamp: Mutex<Stamp>,
     interval: Duration,
-    /// Whether this process has loaded the key set from its store (not from the local copy).
-    loaded_from_store: AtomicBool,
+    /// The Redis version this process last loaded (and copied locally), plus one; 0: none.
+    loaded_version: AtomicU64,
 }
 
 impl Keyring {
@@ -237,7 +245,7 @@ impl Keyring {
         plans: Plans,
         interval: Duration,
     ) -> Result<Arc<Keyring>, KeyError> {
-        let (stamp, records) = match source.blocking(source.load_stamped(false)) {
+        let (stamp, records) = match source.blocking(source.load_stamped(None)) {
             Ok(loaded) => loaded,
             Err(e) => match &source {
                 KeySource::Redis { cache, .. } => {
@@ -263,7 +271,10 @@ impl Keyring {
             plans: Mutex::new(plans),
             recorded: Mutex::new(std::collections::HashMap::new()),
             current: ArcSwap::from_pointee(set),
-            loaded_from_store: AtomicBool::new(stamp != Stamp::Unknown),
+            loaded_version: AtomicU64::new(match stamp {
+                Stamp::Redis(version) => version + 1,
+                _ => 0,
+            }),
             stamp: Mutex::new(stamp),
             interval,
         }))
@@ -280,8 +291,8 @@ impl Keyring {
         if now != Stamp::Unknown && now == *self.last_stamp() {
             return;
         }
-        let restore = self.loaded_from_store.load(Ordering::Relaxed);
-        match self.source.load_stamped(restore).await {
+        let last_version = self.loaded_version.load(Ordering::Relaxed).checked_sub(1);
+        match self.source.load_stamped(last_version).await {
             Ok((stamp, records)) => {
                 let plans = self.plans.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let set = KeySet::build(&records, &plans);
@@ -299,8 +310,10 @@ impl Keyring {
                 metrics::ACTIVE_KEYS.set(set.len() as i64);
                 metrics::KEY_LOADS.inc();
                 self.current.store(Arc::new(set));
+                if let Stamp::Redis(version) = stamp {
+                    self.loaded_version.store(version + 1, Ordering::Relaxed);
+                }
                 *self.last_stamp() = stamp;
-                self.loaded_from_store.store(true, Ordering::Relaxed);
             }
             Err(e) => {
                 metrics::KEY_RELOAD_FAILURES.inc();
