@@ -760,3 +760,48 @@ async fn key_records_redis_lost_are_written_back_by_a_running_gateway() {
             .contains("removed it, so that no stale copy is used")
     );
 }
+
+/// The restore's own rule, on a real Redis: a missing record is written, a revoked record goes
+/// over one that is not, one that is not never goes over a revoked one, and the version moves so
+/// every gateway reloads.
+#[test]
+fn a_restore_writes_missing_records_and_never_undoes_a_revocation() {
+    use animal_store_gateway::keys::KeyRecord;
+    use animal_store_gateway::redis_conn::RedisHub;
+    use animal_store_gateway::redis_keys::RedisKeyStore;
+
+    let redis = RedisServer::start();
+    let hub = RedisHub::start(vec![redis.url()]).unwrap();
+    let store = RedisKeyStore::new(hub.clone());
+    let record = |id: &str, revoked: Option<u64>| KeyRecord {
+        id: id.to_owned(),
+        name: None,
+        plan: "free".to_owned(),
+        per_minute: None,
+        per_day: None,
+        sha256: "0".repeat(64),
+        created: 1,
+        revoked,
+        expires: None,
+        successor: None,
+        counters: None,
+    };
+    let in_redis = [record("a", None), record("b", Some(5))];
+    hub.block_on(store.update(|keys| {
+        keys.extend(in_redis.iter().cloned());
+        Ok(())
+    }))
+    .unwrap();
+    let (before, _) = hub.block_on(store.load()).unwrap();
+
+    let written = hub
+        .block_on(store.restore(&[record("a", Some(7)), record("b", None), record("c", None)]))
+        .unwrap();
+    assert_eq!(written, 2);
+    let (after, records) = hub.block_on(store.load()).unwrap();
+    assert!(after > before, "the version moved: {before} -> {after}");
+    let revoked = |id: &str| records.iter().find(|r| r.id == id).unwrap().revoked;
+    assert_eq!(revoked("a"), Some(7), "a revocation goes over");
+    assert_eq!(revoked("b"), Some(5), "and is never undone");
+    assert_eq!(revoked("c"), None, "a missing record is written");
+}
