@@ -178,7 +178,7 @@ impl Upstream {
                 let other = |b: &Backend| b.addr.as_inet().copied() != avoid;
                 let lb = &pool.lb;
                 lb.select_with(b"", 256, |b, healthy| {
-                    healthy && other(b) && pool.failures.since_check(b).is_none()
+                    healthy && other(b) && !pool.failures.failed_since_check(b)
                 })
                 .or_else(|| lb.select_with(b"", 256, |b, _| other(b)))
                 .and_then(|b| b.addr.as_inet().copied())
@@ -247,7 +247,7 @@ impl Pool {
     }
 
     fn takes_traffic(&self, backend: &Backend) -> bool {
-        self.lb.backends().ready(backend) && self.failures.since_check(backend).is_none()
+        self.lb.backends().ready(backend) && !self.failures.failed_since_check(backend)
     }
 }
 
@@ -269,11 +269,9 @@ impl Failures {
         self.at.iter().find(|(a, _)| a == addr).map(|(_, at)| at)
     }
 
-    /// When a connection to `backend` failed, if one has since its last passing check.
-    fn since_check(&self, backend: &Backend) -> Option<u64> {
-        self.slot(backend)
-            .map(|at| at.load(Relaxed))
-            .filter(|&at| at != 0)
+    /// Whether a connection to `backend` has failed since its last passing check.
+    fn failed_since_check(&self, backend: &Backend) -> bool {
+        self.slot(backend).is_some_and(|at| at.load(Relaxed) != 0)
     }
 }
 

@@ -242,9 +242,12 @@ impl RedisStore {
     /// Keeps Redis's refusal of `key` for the fallback, or forgets one it no longer makes.
     fn remember(&self, key: KeyId, decision: &Decision) {
         let refusal = match decision.verdict {
-            // (Not guarded by `is_empty`, which would lock every shard of the map.)
+            // A shared (read) lock of one shard in the common case, where the key has no
+            // refusal; not `is_empty`, which would lock every shard.
             Verdict::Admitted => {
-                self.refused.remove(&key);
+                if self.refused.contains_key(&key) {
+                    self.refused.remove(&key);
+                }
                 return;
             }
             verdict => Refusal {
