@@ -12,6 +12,7 @@ use common::{
     Backend, GatewayOnly, PETS_ROUTE, assert_error, cli, client, free_addr, key_id, metric,
     wait_metric,
 };
+use nix::sys::signal::{Signal, kill};
 
 /// A configuration like the shipped one, with a quick key refresh and `extra` gateway keys.
 fn config(dir: &Path, extra: &str) -> PathBuf {
@@ -804,4 +805,47 @@ fn a_restore_writes_missing_records_and_never_undoes_a_revocation() {
     assert_eq!(revoked("a"), Some(7), "a revocation goes over");
     assert_eq!(revoked("b"), Some(5), "and is never undone");
     assert_eq!(revoked("c"), None, "a missing record is written");
+}
+
+/// A refusal is forgotten once Redis admits the key again (here its plan's limit was raised by a
+/// reload), so an outage after that does not refuse it on Redis's old word.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refusal_redis_took_back_is_not_kept_through_an_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let plan = |per_minute: u32| {
+        format!(
+            "[gateway.redis]\ntimeout_ms = 5000\n[gateway.plans.pro]\nper_minute = {per_minute}\nper_day = 1000"
+        )
+    };
+    let path = config(dir.path(), &plan(2));
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let gateway = GatewayOnly::start(dir.path(), "a", &path, backend.addr, &["--redis-url", &url]);
+    let key = keys(dir.path(), &path, &url, &["create", "--plan", "pro"]);
+    gateway.wait_keys(1);
+    let c = client();
+    let get = || c.get(gateway.url("/v1/pets")).bearer_auth(&key).send();
+    for _ in 0..2 {
+        assert_eq!(get().await.unwrap().status(), 200);
+    }
+    assert_error(get().await.unwrap(), 429, "rate_limited").await;
+
+    // The plan's limit raised: Redis admits the key again.
+    config(dir.path(), &plan(100));
+    kill(gateway.proc.pid(), Signal::SIGHUP).unwrap();
+    let reloaded = Instant::now();
+    while !gateway.proc.log_text().contains("configuration reloaded") {
+        assert!(reloaded.elapsed() < Duration::from_secs(10), "no reload");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(get().await.unwrap().status(), 200);
+    assert_all_decided_in_redis(&[&gateway]);
+
+    redis.kill();
+    assert_eq!(get().await.unwrap().status(), 200, "decided alone, afresh");
+    assert_eq!(
+        metric(gateway.admin, "gateway_limit_store_fallbacks_total"),
+        Some(1.0)
+    );
 }
