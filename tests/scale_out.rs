@@ -849,3 +849,38 @@ async fn a_refusal_redis_took_back_is_not_kept_through_an_outage() {
         Some(1.0)
     );
 }
+
+/// A gateway started after Redis lost its data does not write back its data directory's copy:
+/// the copy may be of another Redis. The keys stay lost (the README says to run Redis with
+/// persistence).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_started_after_redis_lost_its_data_does_not_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start_with(&["--appendonly", "no"]);
+    let url = redis.url();
+    let (mut gateway, key, backend) = lone_gateway(dir.path(), &redis);
+    assert!(gateway.data_dir.join("keys-cache.json").exists());
+    gateway.proc.terminate();
+    redis.restart();
+
+    let config = dir.path().join("scale-out.toml");
+    let again = GatewayOnly::start(
+        dir.path(),
+        "a",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+    let r = client()
+        .get(again.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_error(r, 401, "unauthorized").await;
+    assert_eq!(
+        metric(again.admin, "gateway_key_records_restored_total"),
+        Some(0.0)
+    );
+    assert_eq!(redis.cli(&["hlen", "as:{keys}"]).trim(), "0");
+}
