@@ -550,11 +550,12 @@ async fn after_redis_returns_to_an_idle_gateway_the_first_decisions_are_made_in_
     );
 }
 
-/// While a gateway decides alone, a key Redis refused stays refused until that refusal would
-/// have ended: an outage neither lifts a ban nor gives a spent minute or day a fresh share. A
-/// key Redis never refused gets its share.
+/// While a gateway decides alone, a key starts from where Redis last said it stands: an outage
+/// neither lifts a ban nor gives a spent minute or day a fresh share, and a key with part of its
+/// minute or day left gets that part (all of it here: the gateway is alone). A key Redis never
+/// answered for gets its share.
 #[tokio::test(flavor = "multi_thread")]
-async fn what_redis_refused_stays_refused_through_an_outage() {
+async fn what_redis_counted_stays_counted_through_an_outage() {
     let dir = tempfile::tempdir().unwrap();
     let mut redis = RedisServer::start();
     let url = redis.url();
@@ -577,7 +578,22 @@ async fn what_redis_refused_stays_refused_through_an_outage() {
     );
     let banned = enterprise(dir.path(), &config, &url, 1);
     let untouched = enterprise(dir.path(), &config, &url, 3);
-    gateway.wait_keys(5);
+    let part_minute = enterprise(dir.path(), &config, &url, 10);
+    let part_day = keys(
+        dir.path(),
+        &config,
+        &url,
+        &[
+            "create",
+            "--plan",
+            "enterprise",
+            "--per-minute",
+            "100",
+            "--per-day",
+            "5",
+        ],
+    );
+    gateway.wait_keys(7);
     let c = client();
     let get = |key: &str| c.get(gateway.url("/v1/pets")).bearer_auth(key).send();
     for _ in 0..3 {
@@ -593,6 +609,12 @@ async fn what_redis_refused_stays_refused_through_an_outage() {
         assert_eq!(get(&banned).await.unwrap().status(), 429);
     }
     assert_error(get(&banned).await.unwrap(), 429, "key_banned").await;
+    for _ in 0..6 {
+        assert_eq!(get(&part_minute).await.unwrap().status(), 200);
+    }
+    for _ in 0..3 {
+        assert_eq!(get(&part_day).await.unwrap().status(), 200);
+    }
     assert_all_decided_in_redis(&[&gateway]);
 
     redis.kill();
@@ -608,9 +630,17 @@ async fn what_redis_refused_stays_refused_through_an_outage() {
         assert_eq!(get(&untouched).await.unwrap().status(), 200);
     }
     assert_error(get(&untouched).await.unwrap(), 429, "rate_limited").await;
+    for _ in 0..4 {
+        assert_eq!(get(&part_minute).await.unwrap().status(), 200);
+    }
+    assert_error(get(&part_minute).await.unwrap(), 429, "rate_limited").await;
+    for _ in 0..2 {
+        assert_eq!(get(&part_day).await.unwrap().status(), 200);
+    }
+    assert_error(get(&part_day).await.unwrap(), 429, "quota_exceeded").await;
     assert_eq!(
         metric(gateway.admin, "gateway_limit_store_fallbacks_total"),
-        Some(7.0),
+        Some(15.0),
         "all decided alone"
     );
 }

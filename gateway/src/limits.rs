@@ -219,15 +219,9 @@ impl KeyState {
             remaining: limits.per_day.saturating_sub(self.day_count),
             reset_ms: (u64::from(today) + 1) * DAY_MS,
         };
-        let quota = match verdict {
-            Verdict::QuotaExceeded => day,
-            Verdict::RateLimited => minute,
-            _ if day.remaining < minute.remaining => day,
-            _ => minute,
-        };
         Decision {
             verdict,
-            quota,
+            quota: headline(verdict, minute, day),
             ban_imposed: false,
         }
     }
@@ -290,9 +284,19 @@ impl Standing {
     pub fn headline(&self, limits: Limits) -> Quota {
         match self.banned_until_ms {
             Some(until) => banned(limits, until).quota,
-            None if self.day.remaining < self.minute.remaining => self.day,
-            None => self.minute,
+            None => headline(Verdict::Admitted, self.minute, self.day),
         }
+    }
+}
+
+/// The window a decision that is not a ban describes: the one that refused it, else the one
+/// with the fewest requests remaining (the minute window on ties).
+pub fn headline(verdict: Verdict, minute: Quota, day: Quota) -> Quota {
+    match verdict {
+        Verdict::QuotaExceeded => day,
+        Verdict::RateLimited => minute,
+        _ if day.remaining < minute.remaining => day,
+        _ => minute,
     }
 }
 

@@ -5,8 +5,10 @@
 -- KEYS[1]  the key's state: a hash `as:lim:{<key id>}` (one key, so one hash slot)
 -- ARGV     now_ms, per_minute, per_day, ban threshold, ban base_ms, ban max_ms,
 --          ban repeat_window_ms, ttl_ms
--- Returns  { verdict, window, remaining, reset_ms }: verdict 0 admitted, 1 rate limited,
---          2 quota exceeded, 3 banned, 4 banned by this very request; window 0 minute, 1 day.
+-- Returns  { verdict, minute_remaining, minute_reset_ms, day_remaining, ban_until_ms }:
+--          verdict 0 admitted, 1 rate limited, 2 quota exceeded, 3 banned, 4 banned by this
+--          very request. Both windows are returned, not only the one the headers describe
+--          (the gateway picks that): they are where a gateway starts from if Redis goes away.
 -- Numbers are Lua doubles: exact up to 2^53, which bounds limits (see plans.rs MAX_LIMIT).
 
 local MINUTE_MS = 60000
@@ -31,11 +33,6 @@ local ban_until = tonumber(f[6]) or 0
 local ban_last = tonumber(f[7])              -- nil: never banned
 local ban_level = tonumber(f[8]) or 0
 
--- A ban in force refuses at once and changes nothing.
-if now < ban_until then
-  return { 3, 0, 0, ban_until }
-end
-
 if minute_start == nil or now >= minute_start + MINUTE_MS then
   minute_start = now
   minute_count = 0
@@ -45,6 +42,17 @@ local today = math.floor(now / DAY_MS)
 if day ~= today then
   day = today
   day_count = 0
+end
+
+-- Where the key stands after this request, for the reply.
+local function standing(verdict)
+  return { verdict, math.max(0, per_minute - minute_count), minute_start + MINUTE_MS,
+           math.max(0, per_day - day_count), ban_until }
+end
+
+-- A ban in force refuses at once and changes nothing (the windows above are not saved).
+if now < ban_until then
+  return standing(3)
 end
 
 local function save()
@@ -79,17 +87,9 @@ else
     ban_last = now
     ban_until = now + length
     save()
-    return { 4, 0, 0, ban_until }
+    return standing(4)
   end
   if day_left == 0 then verdict = 2 else verdict = 1 end
 end
 save()
-
-local minute_remaining = math.max(0, per_minute - minute_count)
-local day_remaining = math.max(0, per_day - day_count)
-local minute_reset = minute_start + MINUTE_MS
-local day_reset = (today + 1) * DAY_MS
-if verdict == 2 or (verdict == 0 and day_remaining < minute_remaining) then
-  return { verdict, 1, day_remaining, day_reset }
-end
-return { verdict, 0, minute_remaining, minute_reset }
+return standing(verdict)

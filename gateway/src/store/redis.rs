@@ -14,9 +14,13 @@
 //! A heartbeat every half second announces this gateway (a sorted set of instances with their
 //! last beat), counts the live ones, and notices Redis's return; the store then goes back to it.
 //!
-//! The fallback does not start every key afresh: a key that Redis last refused (banned, its
-//! minute window spent, or its day's quota) stays refused, locally, until that refusal would
-//! have ended, so an outage neither lifts a ban nor hands an exhausted key a new share.
+//! The fallback does not start every key afresh. Each answer from Redis says where the key
+//! stands (both windows and any ban); the fallback starts a key from the last of them, with
+//! this gateway's share of what remained: a key with 30 of its minute's 100 left gets 15 of a
+//! share of 50 when two gateways are alive, a banned key stays banned, a spent minute or day
+//! stays spent. So an outage never hands a key more than it had left (at most its share of it
+//! at each gateway), however long it lasts. A key Redis never answered for starts with its
+//! share.
 
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,7 +35,8 @@ use super::Unavailable;
 use crate::bans::BanPolicy;
 use crate::keys::KeyId;
 use crate::limits::{
-    DAY_MS, Decision, KeyState, Limiter, MINUTE_MS, Quota, Standing, Verdict, day_of,
+    DAY_MS, Decision, KeyState, Limiter, MINUTE_MS, Quota, Standing, Verdict, banned, day_of,
+    headline,
 };
 use crate::metrics;
 use crate::plans::Limits;
@@ -45,6 +50,9 @@ const GATEWAYS_KEY: &str = "as:gateways";
 const HEARTBEAT: Duration = Duration::from_millis(500);
 /// A gateway silent for this long no longer counts as alive.
 const ALIVE_MS: u64 = 5_000;
+/// How often what Redis said of keys is swept of what no longer matters (every key used today
+/// matters until the day ends, so a sweep walks many: not every heartbeat).
+const SWEEP_HEARD: Duration = Duration::from_secs(60);
 /// Default of `gateway.redis.timeout_ms`: a loopback or same-zone round trip is well under a
 /// millisecond, so 50 ms means Redis is in trouble, and is small next to an upstream's latency.
 pub const DEFAULT_TIMEOUT_MS: u64 = 50;
@@ -91,8 +99,8 @@ pub struct RedisStore {
     failed_key: AtomicU64,
     /// This gateway's counts while Redis is away; forgotten when it returns.
     local: Limiter,
-    /// The keys Redis last refused, and how: what a key starts from in `local`.
-    refused: DashMap<KeyId, Refusal, foldhash::fast::RandomState>,
+    /// Where Redis last said each key stands: what a key starts from in `local`.
+    heard: DashMap<KeyId, Heard, foldhash::fast::RandomState>,
     instance: String,
 }
 
@@ -111,7 +119,7 @@ impl RedisStore {
             alive: AtomicU64::new(1),
             failed_key: AtomicU64::new(0),
             local: Limiter::new(),
-            refused: DashMap::default(),
+            heard: DashMap::default(),
             instance: hex::encode(instance),
         });
         metrics::LIMIT_STORE_UP.set(0);
@@ -141,8 +149,8 @@ impl RedisStore {
             && let Some(conn) = self.hub.local_conn()
         {
             match within(self.timeout, self.eval(conn, key, limits, bans, now_ms)).await {
-                Ok(decision) => {
-                    self.remember(key, &decision);
+                Ok((decision, heard)) => {
+                    self.heard.insert(key, heard);
                     return Ok(decision);
                 }
                 Err(e) => self.went_down(Some(key), &e),
@@ -184,7 +192,9 @@ impl RedisStore {
                 Ok(f) => {
                     let mut f = f.into_iter();
                     let state = KeyState::from_fields(std::array::from_fn(|_| f.next().flatten()));
-                    return Ok(state.peek(limits, now_ms));
+                    let standing = state.peek(limits, now_ms);
+                    self.heard.insert(key, Heard::of(&standing, now_ms));
+                    return Ok(standing);
                 }
                 Err(e) => self.went_down(Some(key), &e),
             }
@@ -212,7 +222,7 @@ impl RedisStore {
         limits: Limits,
         bans: &BanPolicy,
         now_ms: u64,
-    ) -> Result<Decision, RedisError> {
+    ) -> Result<(Decision, Heard), RedisError> {
         // State must outlive the longest ban and the window in which bans double.
         let ttl_ms = (bans.max + bans.repeat_window).as_millis() as u64 + 2 * DAY_MS;
         // Twelve arguments of about 150 bytes together (the hash alone is 40, the key's name 25).
@@ -236,41 +246,21 @@ impl RedisStore {
             }
             reply => reply?,
         };
-        decision_from_reply(reply, limits)
+        decision_from_reply(reply, limits, now_ms)
     }
 
-    /// Keeps Redis's refusal of `key` for the fallback, or forgets one it no longer makes.
-    fn remember(&self, key: KeyId, decision: &Decision) {
-        let refusal = match decision.verdict {
-            // A shared (read) lock of one shard in the common case, where the key has no
-            // refusal; not `is_empty`, which would lock every shard.
-            Verdict::Admitted => {
-                if self.refused.contains_key(&key) {
-                    self.refused.remove(&key);
-                }
-                return;
-            }
-            verdict => Refusal {
-                verdict,
-                until_ms: decision.quota.reset_ms,
-            },
-        };
-        self.refused.insert(key, refusal);
-    }
-
-    /// Before `key`'s first decision alone: its local state starts where Redis last refused it,
-    /// if that refusal still holds at `now_ms`, with `share` spent.
+    /// Before `key`'s first decision alone: its local state starts from where Redis last said
+    /// it stands, with `share` of what remained.
     fn start_locally(&self, key: KeyId, share: Limits, now_ms: u64) {
-        if let Some(refusal) = self.refused.get(&key).map(|r| *r)
-            && now_ms < refusal.until_ms
-        {
-            self.local.start(key, || refusal.state(share, now_ms));
+        if let Some(heard) = self.heard.get(&key).map(|h| *h) {
+            let alive = self.alive.load(Ordering::Relaxed).max(1);
+            self.local.start(key, || heard.state(share, alive, now_ms));
         }
     }
 
-    /// Forgets refusals that have ended.
-    fn forget_ended_refusals(&self, now_ms: u64) {
-        self.refused.retain(|_, r| now_ms < r.until_ms);
+    /// Forgets what Redis said of keys that no longer matters at `now_ms`.
+    fn forget_what_has_ended(&self, now_ms: u64) {
+        self.heard.retain(|_, h| !h.has_ended(now_ms));
     }
 
     /// Whether decisions are being made in Redis now (not by the fallback).
@@ -376,44 +366,73 @@ impl RedisStore {
 async fn heartbeat_loop(store: Weak<RedisStore>) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_sweep = std::time::Instant::now();
     loop {
         tick.tick().await;
         let Some(store) = store.upgrade() else { return };
         if let Err(e) = store.heartbeat().await {
             store.went_down(None, &e);
         }
-        store.forget_ended_refusals(crate::unix_ms());
+        if last_sweep.elapsed() >= SWEEP_HEARD {
+            last_sweep = std::time::Instant::now();
+            store.forget_what_has_ended(crate::unix_ms());
+        }
     }
 }
 
-/// How Redis last refused a key, and until when (Unix milliseconds).
-#[derive(Debug, Clone, Copy)]
-struct Refusal {
-    verdict: Verdict,
-    until_ms: u64,
+/// Where Redis last said a key stands (Unix milliseconds), in 32 bytes: one is kept for every
+/// key used today.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Heard {
+    /// When the minute window ends.
+    minute_reset_ms: u64,
+    /// The day's requests left.
+    day_remaining: u64,
+    /// When the ban ends (in the past: no ban).
+    ban_until_ms: u64,
+    /// The minute window's requests left (counts within a minute are 32-bit, see `KeyState`).
+    minute_remaining: u32,
+    /// The UTC day of `day_remaining`.
+    day: u32,
 }
 
-impl Refusal {
-    /// A local state that refuses the same way until the same time under `share`.
-    fn state(self, share: Limits, now_ms: u64) -> KeyState {
-        match self.verdict {
-            Verdict::Banned => KeyState {
-                ban_until_ms: self.until_ms,
-                ..KeyState::default()
-            },
-            Verdict::RateLimited => KeyState {
-                minute_start_ms: NonZeroU64::new(self.until_ms.saturating_sub(MINUTE_MS)),
-                minute_count: u32::try_from(share.per_minute).unwrap_or(u32::MAX),
-                day: day_of(now_ms),
-                ..KeyState::default()
-            },
-            // (An admission is never kept.)
-            Verdict::QuotaExceeded | Verdict::Admitted => KeyState {
-                day: day_of(now_ms),
-                day_count: share.per_day,
-                ..KeyState::default()
-            },
+impl Heard {
+    /// What `standing`, read at `now_ms`, says.
+    fn of(standing: &Standing, now_ms: u64) -> Heard {
+        Heard {
+            minute_reset_ms: standing.minute.reset_ms,
+            day_remaining: standing.day.remaining,
+            ban_until_ms: standing.banned_until_ms.unwrap_or(0),
+            minute_remaining: u32::try_from(standing.minute.remaining).unwrap_or(u32::MAX),
+            day: day_of(now_ms),
         }
+    }
+
+    /// A local state at `now_ms` for one of `alive` gateways, whose share of the limits is
+    /// `share`: what remains of each window still open is divided between the gateways (rounded
+    /// down, so together they never admit more than remained), and a ban stays. The ban's
+    /// history is not known here: a ban imposed alone starts again from the shortest.
+    fn state(self, share: Limits, alive: u64, now_ms: u64) -> KeyState {
+        let mut state = KeyState {
+            ban_until_ms: self.ban_until_ms,
+            ..KeyState::default()
+        };
+        if now_ms < self.minute_reset_ms {
+            let left = u64::from(self.minute_remaining) / alive;
+            state.minute_start_ms = NonZeroU64::new(self.minute_reset_ms - MINUTE_MS);
+            state.minute_count =
+                u32::try_from(share.per_minute.saturating_sub(left)).unwrap_or(u32::MAX);
+        }
+        if day_of(now_ms) == self.day {
+            state.day = self.day;
+            state.day_count = share.per_day.saturating_sub(self.day_remaining / alive);
+        }
+        state
+    }
+
+    /// Whether nothing of it matters at `now_ms`: its minute, its day and its ban are over.
+    fn has_ended(&self, now_ms: u64) -> bool {
+        now_ms >= self.minute_reset_ms && now_ms >= self.ban_until_ms && day_of(now_ms) != self.day
     }
 }
 
@@ -436,10 +455,15 @@ impl Fallback {
     }
 }
 
-/// The script's reply as a decision: `(verdict, window, remaining, reset_ms)`.
-fn decision_from_reply(reply: (u8, u8, u64, u64), limits: Limits) -> Result<Decision, RedisError> {
-    let (verdict, window, remaining, reset_ms) = reply;
-    let verdict = match verdict {
+/// The script's reply, `(verdict, minute_remaining, minute_reset_ms, day_remaining,
+/// ban_until_ms)`, as the decision and where the key stands after it.
+fn decision_from_reply(
+    reply: (u8, u64, u64, u64, u64),
+    limits: Limits,
+    now_ms: u64,
+) -> Result<(Decision, Heard), RedisError> {
+    let (code, minute_remaining, minute_reset_ms, day_remaining, ban_until_ms) = reply;
+    let verdict = match code {
         0 => Verdict::Admitted,
         1 => Verdict::RateLimited,
         2 => Verdict::QuotaExceeded,
@@ -450,21 +474,35 @@ fn decision_from_reply(reply: (u8, u8, u64, u64), limits: Limits) -> Result<Deci
             )));
         }
     };
-    let (name, limit) = if window == 1 {
-        ("day", limits.per_day)
-    } else {
-        ("minute", limits.per_minute)
+    let minute = Quota {
+        name: "minute",
+        limit: limits.per_minute,
+        remaining: minute_remaining,
+        reset_ms: minute_reset_ms,
     };
-    Ok(Decision {
-        verdict,
-        quota: Quota {
-            name,
-            limit,
-            remaining,
-            reset_ms,
+    let day = Quota {
+        name: "day",
+        limit: limits.per_day,
+        remaining: day_remaining,
+        reset_ms: (u64::from(day_of(now_ms)) + 1) * DAY_MS,
+    };
+    let decision = match verdict {
+        Verdict::Banned => Decision {
+            ban_imposed: code == 4,
+            ..banned(limits, ban_until_ms)
         },
-        ban_imposed: reply.0 == 4,
-    })
+        verdict => Decision {
+            verdict,
+            quota: headline(verdict, minute, day),
+            ban_imposed: false,
+        },
+    };
+    let standing = Standing {
+        minute,
+        day,
+        banned_until_ms: (now_ms < ban_until_ms).then_some(ban_until_ms),
+    };
+    Ok((decision, Heard::of(&standing, now_ms)))
 }
 
 /// What `fallback = "allow"` answers: admitted, with the plan's limit and nothing known spent.
@@ -493,5 +531,117 @@ mod tests {
             assert_eq!(state_key(key), format!("as:lim:{{{key}}}"));
         }
         assert_eq!(state_key(KeyId(0xab)), "as:lim:{00000000000000ab}");
+    }
+
+    /// 2026-11-22T10:00:00Z, well inside a UTC day.
+    const T0: u64 = 1_795_341_600_000;
+
+    fn count_admitted(state: KeyState, share: Limits, now_ms: u64) -> usize {
+        let local = Limiter::new();
+        local.start(KeyId(1), || state);
+        (0..1000)
+            .take_while(|_| {
+                local
+                    .check(KeyId(1), share, &BanPolicy::default(), now_ms)
+                    .verdict
+                    == Verdict::Admitted
+            })
+            .count()
+    }
+
+    /// One is kept for every key used today.
+    #[test]
+    fn what_redis_said_of_a_key_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Heard>(), 32);
+    }
+
+    #[test]
+    fn each_gateway_starts_alone_with_its_share_of_what_remained() {
+        let heard = Heard {
+            minute_reset_ms: T0 + 20_000,
+            day_remaining: 1_000,
+            ban_until_ms: 0,
+            minute_remaining: 31,
+            day: day_of(T0),
+        };
+        let limits = Limits {
+            per_minute: 100,
+            per_day: 10_000,
+        };
+        // Alone: what remained. One of two: half of it, rounded down.
+        let state = heard.state(limits, 1, T0);
+        assert_eq!(count_admitted(state, limits, T0), 31);
+        assert_eq!(
+            state.minute_start_ms.unwrap().get(),
+            T0 + 20_000 - MINUTE_MS
+        );
+        let share = Limits {
+            per_minute: 50,
+            per_day: 5_000,
+        };
+        assert_eq!(count_admitted(heard.state(share, 2, T0), share, T0), 15);
+        // Once the minute Redis knew of has ended, a new one opens with the share; the day
+        // still counts what remained of it.
+        let later = T0 + 20_000;
+        assert_eq!(
+            count_admitted(heard.state(share, 2, later), share, later),
+            50
+        );
+        let tight = Heard {
+            day_remaining: 7,
+            ..heard
+        };
+        assert_eq!(
+            count_admitted(tight.state(share, 2, later), share, later),
+            3
+        );
+        // The next day is a new day.
+        let tomorrow = (u64::from(day_of(T0)) + 1) * DAY_MS;
+        assert_eq!(
+            count_admitted(tight.state(share, 2, tomorrow), share, tomorrow),
+            50
+        );
+    }
+
+    #[test]
+    fn a_ban_redis_imposed_holds_alone_until_it_ends() {
+        let heard = Heard {
+            minute_reset_ms: T0 + 20_000,
+            day_remaining: 1_000,
+            ban_until_ms: T0 + 900_000,
+            minute_remaining: 60,
+            day: day_of(T0),
+        };
+        let limits = Limits {
+            per_minute: 60,
+            per_day: 1_000,
+        };
+        let state = heard.state(limits, 1, T0);
+        assert_eq!(count_admitted(state, limits, T0), 0);
+        assert_eq!(count_admitted(state, limits, T0 + 900_000), 60);
+        assert!(!heard.has_ended(T0 + 899_999));
+        let tomorrow = (u64::from(day_of(T0)) + 1) * DAY_MS;
+        assert!(heard.has_ended(tomorrow));
+    }
+
+    #[test]
+    fn the_scripts_reply_reads_as_the_embedded_store_would_decide() {
+        let limits = Limits {
+            per_minute: 60,
+            per_day: 1_000,
+        };
+        // Admitted with fewer left of the day than of the minute: the headers describe the day.
+        let (d, heard) = decision_from_reply((0, 50, T0 + 60_000, 10, 0), limits, T0).unwrap();
+        assert_eq!(d.verdict, Verdict::Admitted);
+        assert_eq!((d.quota.name, d.quota.remaining), ("day", 10));
+        assert_eq!(d.quota.reset_ms, (u64::from(day_of(T0)) + 1) * DAY_MS);
+        assert_eq!((heard.minute_remaining, heard.day_remaining), (50, 10));
+        // Banned by this request.
+        let (d, heard) =
+            decision_from_reply((4, 0, T0 + 60_000, 10, T0 + 900_000), limits, T0).unwrap();
+        assert_eq!((d.verdict, d.ban_imposed), (Verdict::Banned, true));
+        assert_eq!((d.quota.remaining, d.quota.reset_ms), (0, T0 + 900_000));
+        assert_eq!(heard.ban_until_ms, T0 + 900_000);
+        assert!(decision_from_reply((5, 0, 0, 0, 0), limits, T0).is_err());
     }
 }
