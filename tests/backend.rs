@@ -87,6 +87,11 @@ async fn invalid_creates_are_refused_and_create_nothing() {
             r#"{"name":"Rex","categoryId":1,"id":99}"#,
             "validation_failed",
         ),
+        // Duplicate names: refused, not read as the last of them.
+        (
+            r#"{"name":"Rex","categoryId":1,"name":"Max"}"#,
+            "validation_failed",
+        ),
         (r#"{"name":"Rex","#, "invalid_json"),
         (r#"["Rex"]"#, "invalid_json"),
         ("", "invalid_json"),

@@ -91,19 +91,91 @@ pub fn parse_new_pet(body: &[u8]) -> Result<NewPet, ApiError> {
             "the request body is empty; send a JSON object",
         ));
     }
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
+    let body: Body = serde_json::from_slice(body).map_err(|e| {
         ApiError::invalid_json(format!(
             "the request body is not valid JSON (line {}, column {})",
             e.line(),
             e.column()
         ))
     })?;
-    let Value::Object(object) = value else {
+    let Body::Object(members) = body else {
         return Err(ApiError::invalid_json(
             "the request body must be a JSON object",
         ));
     };
+    let mut object = Map::with_capacity(members.len());
+    for (name, value) in members {
+        if object.contains_key(&name) {
+            return Err(ApiError::validation(format!(
+                "field `{}` is given more than once",
+                truncate_for_message(&name)
+            )));
+        }
+        object.insert(name, value);
+    }
     validate_new_pet(&object)
+}
+
+/// A request body as sent: an object's members in their order, duplicates kept (a `Value`
+/// keeps only the last of them, so `{"name": "a", "name": "b"}` would pass as `b`; JSON leaves
+/// duplicate names to each parser, and two parsers reading one body two ways is how checks are
+/// slipped past), or any other JSON value.
+enum Body {
+    Object(Vec<(String, Value)>),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Body {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Body, D::Error> {
+        deserializer.deserialize_any(BodyVisitor)
+    }
+}
+
+struct BodyVisitor;
+
+impl<'de> serde::de::Visitor<'de> for BodyVisitor {
+    type Value = Body;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Body, A::Error> {
+        let mut members = Vec::with_capacity(map.size_hint().unwrap_or(0).min(16));
+        while let Some(member) = map.next_entry::<String, Value>()? {
+            members.push(member);
+        }
+        Ok(Body::Object(members))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Body, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Body::Other)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Body, E> {
+        Ok(Body::Other)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Body, E> {
+        Ok(Body::Other)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Body, E> {
+        Ok(Body::Other)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Body, E> {
+        Ok(Body::Other)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Body, E> {
+        Ok(Body::Other)
+    }
+
+    fn visit_unit<E>(self) -> Result<Body, E> {
+        Ok(Body::Other)
+    }
 }
 
 fn validate_new_pet(object: &Map<String, Value>) -> Result<NewPet, ApiError> {
@@ -346,7 +418,24 @@ mod tests {
                 r#"{"name":"Rex","categoryId":1,"id":7}"#,
                 Some(ValidationFailed),
             ),
+            (
+                r#"{"name":"Rex","categoryId":1,"name":"Max"}"#,
+                Some(ValidationFailed),
+            ),
+            (
+                r#"{"name":"Rex","categoryId":1,"categoryId":1}"#,
+                Some(ValidationFailed),
+            ),
+            (
+                r#"{"name":"Rex","categoryId":1,"tags":{"a":1,"a":2}}"#,
+                Some(ValidationFailed),
+            ),
             (r#"[1,2]"#, Some(InvalidJson)),
+            (r#"[{"name":"Rex","categoryId":1}]"#, Some(InvalidJson)),
+            (r#"null"#, Some(InvalidJson)),
+            (r#"true"#, Some(InvalidJson)),
+            (r#"1.5"#, Some(InvalidJson)),
+            (r#"{"name":"Rex","categoryId":1} x"#, Some(InvalidJson)),
             (r#""Rex""#, Some(InvalidJson)),
             (r#"{"name":"Rex","#, Some(InvalidJson)),
             ("", Some(InvalidJson)),
