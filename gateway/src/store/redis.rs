@@ -419,7 +419,7 @@ impl Heard {
         };
         if now_ms < self.minute_reset_ms {
             let left = u64::from(self.minute_remaining) / alive;
-            state.minute_start_ms = NonZeroU64::new(self.minute_reset_ms - MINUTE_MS);
+            state.minute_start_ms = NonZeroU64::new(self.minute_reset_ms.saturating_sub(MINUTE_MS));
             state.minute_count =
                 u32::try_from(share.per_minute.saturating_sub(left)).unwrap_or(u32::MAX);
         }
