@@ -43,8 +43,14 @@ fn keys(dir: &Path, config: &Path, url: &str, args: &[&str]) -> String {
     stdout.trim().to_owned()
 }
 
+/// An enterprise key of `per_minute` and 100,000 a day.
 fn enterprise(dir: &Path, config: &Path, url: &str, per_minute: u64) -> String {
-    let m = per_minute.to_string();
+    enterprise_day(dir, config, url, per_minute, 100_000)
+}
+
+/// An enterprise key of `per_minute` and `per_day`.
+fn enterprise_day(dir: &Path, config: &Path, url: &str, per_minute: u64, per_day: u64) -> String {
+    let (m, d) = (per_minute.to_string(), per_day.to_string());
     keys(
         dir,
         config,
@@ -56,7 +62,7 @@ fn enterprise(dir: &Path, config: &Path, url: &str, per_minute: u64) -> String {
             "--per-minute",
             &m,
             "--per-day",
-            "100000",
+            &d,
         ],
     )
 }
@@ -562,37 +568,11 @@ async fn what_redis_counted_stays_counted_through_an_outage() {
     let (gateway, _, _backend) = lone_gateway(dir.path(), &redis);
     let config = dir.path().join("scale-out.toml");
     let minute = enterprise(dir.path(), &config, &url, 3);
-    let day = keys(
-        dir.path(),
-        &config,
-        &url,
-        &[
-            "create",
-            "--plan",
-            "enterprise",
-            "--per-minute",
-            "100",
-            "--per-day",
-            "2",
-        ],
-    );
+    let day = enterprise_day(dir.path(), &config, &url, 100, 2);
     let banned = enterprise(dir.path(), &config, &url, 1);
     let untouched = enterprise(dir.path(), &config, &url, 3);
     let part_minute = enterprise(dir.path(), &config, &url, 10);
-    let part_day = keys(
-        dir.path(),
-        &config,
-        &url,
-        &[
-            "create",
-            "--plan",
-            "enterprise",
-            "--per-minute",
-            "100",
-            "--per-day",
-            "5",
-        ],
-    );
+    let part_day = enterprise_day(dir.path(), &config, &url, 100, 5);
     gateway.wait_keys(7);
     let c = client();
     let get = |key: &str| c.get(gateway.url("/v1/pets")).bearer_auth(key).send();

@@ -536,6 +536,18 @@ mod tests {
     /// 2026-11-22T10:00:00Z, well inside a UTC day.
     const T0: u64 = 1_795_341_600_000;
 
+    /// What Redis said at `T0`: a minute ending 20 s later with `minute_remaining` left, the day
+    /// with `day_remaining`, a ban until `ban_until_ms`.
+    fn heard(minute_remaining: u32, day_remaining: u64, ban_until_ms: u64) -> Heard {
+        Heard {
+            minute_reset_ms: T0 + 20_000,
+            day_remaining,
+            ban_until_ms,
+            minute_remaining,
+            day: day_of(T0),
+        }
+    }
+
     fn count_admitted(state: KeyState, share: Limits, now_ms: u64) -> usize {
         let local = Limiter::new();
         local.start(KeyId(1), || state);
@@ -557,13 +569,7 @@ mod tests {
 
     #[test]
     fn each_gateway_starts_alone_with_its_share_of_what_remained() {
-        let heard = Heard {
-            minute_reset_ms: T0 + 20_000,
-            day_remaining: 1_000,
-            ban_until_ms: 0,
-            minute_remaining: 31,
-            day: day_of(T0),
-        };
+        let heard = heard(31, 1_000, 0);
         let limits = Limits {
             per_minute: 100,
             per_day: 10_000,
@@ -605,13 +611,7 @@ mod tests {
 
     #[test]
     fn a_ban_redis_imposed_holds_alone_until_it_ends() {
-        let heard = Heard {
-            minute_reset_ms: T0 + 20_000,
-            day_remaining: 1_000,
-            ban_until_ms: T0 + 900_000,
-            minute_remaining: 60,
-            day: day_of(T0),
-        };
+        let heard = heard(60, 1_000, T0 + 900_000);
         let limits = Limits {
             per_minute: 60,
             per_day: 1_000,
