@@ -159,8 +159,7 @@ impl RedisStore {
         metrics::LIMIT_STORE_FALLBACKS.inc();
         match self.fallback {
             Fallback::Local => {
-                let share = self.share(limits);
-                self.start_locally(key, share, now_ms);
+                let share = self.start_locally(key, limits, now_ms);
                 Ok(self.local.check(key, share, bans, now_ms))
             }
             Fallback::Allow => Ok(unlimited(limits, now_ms)),
@@ -201,8 +200,7 @@ impl RedisStore {
         }
         match self.fallback {
             Fallback::Local => {
-                let share = self.share(limits);
-                self.start_locally(key, share, now_ms);
+                let share = self.start_locally(key, limits, now_ms);
                 Ok(self.local.peek(key, share, now_ms))
             }
             Fallback::Allow => Ok(KeyState::default().peek(limits, now_ms)),
@@ -249,13 +247,19 @@ impl RedisStore {
         decision_from_reply(reply, limits, now_ms)
     }
 
-    /// Before `key`'s first decision alone: its local state starts from where Redis last said
-    /// it stands, with `share` of what remained.
-    fn start_locally(&self, key: KeyId, share: Limits, now_ms: u64) {
+    /// This gateway's share of `limits` while it decides alone (the limit divided by the
+    /// gateways it last saw alive); before `key`'s first decision alone, its local state starts
+    /// from where Redis last said it stands, with the same share of what remained.
+    fn start_locally(&self, key: KeyId, limits: Limits, now_ms: u64) -> Limits {
+        let alive = self.alive.load(Ordering::Relaxed).max(1);
+        let share = Limits {
+            per_minute: (limits.per_minute / alive).max(1),
+            per_day: (limits.per_day / alive).max(1),
+        };
         if let Some(heard) = self.heard.get(&key).map(|h| *h) {
-            let alive = self.alive.load(Ordering::Relaxed).max(1);
             self.local.start(key, || heard.state(share, alive, now_ms));
         }
+        share
     }
 
     /// Forgets what Redis said of keys that no longer matters at `now_ms`.
@@ -266,15 +270,6 @@ impl RedisStore {
     /// Whether decisions are being made in Redis now (not by the fallback).
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
-    }
-
-    /// This gateway's share of `limits` while it decides alone.
-    fn share(&self, limits: Limits) -> Limits {
-        let n = self.alive.load(Ordering::Relaxed).max(1);
-        Limits {
-            per_minute: (limits.per_minute / n).max(1),
-            per_day: (limits.per_day / n).max(1),
-        }
     }
 
     /// Redis failed a command for `key`, or a heartbeat: requests use the fallback until a
@@ -497,12 +492,14 @@ fn decision_from_reply(
             ban_imposed: false,
         },
     };
-    let standing = Standing {
-        minute,
-        day,
-        banned_until_ms: (now_ms < ban_until_ms).then_some(ban_until_ms),
+    let heard = Heard {
+        minute_reset_ms,
+        day_remaining,
+        ban_until_ms,
+        minute_remaining: u32::try_from(minute_remaining).unwrap_or(u32::MAX),
+        day: day_of(now_ms),
     };
-    Ok((decision, Heard::of(&standing, now_ms)))
+    Ok((decision, heard))
 }
 
 /// What `fallback = "allow"` answers: admitted, with the plan's limit and nothing known spent.
