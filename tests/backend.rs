@@ -324,12 +324,17 @@ async fn unknown_paths_and_methods() {
     let dir = tempfile::tempdir().unwrap();
     let b = Backend::start(&dir.path().join("data"));
     let c = client();
+    let pet = create(&c, &b, json!({"name": "Rex", "categoryId": 3})).await;
+    assert_eq!(pet["id"], 1);
     for path in [
         "/",
         "/v1",
         "/v2/pets",
         "/v1/pets/1/extra",
         "/v1/store/orders",
+        // One resource, one path: no second spelling with a trailing slash.
+        "/v1/pets/",
+        "/v1/pets/1/",
     ] {
         let r = c.get(b.url(path)).send().await.unwrap();
         assert_error(r, 404, "not_found").await;
@@ -344,6 +349,16 @@ async fn unknown_paths_and_methods() {
         assert_eq!(r.headers()["allow"], allow, "{method} {path}");
         assert_error(r, 405, "method_not_allowed").await;
     }
+    let r = c
+        .post(b.url("/v1/pets/"))
+        .json(&json!({"name": "Max", "categoryId": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_error(r, 404, "not_found").await;
+    let r = c.get(b.url("/v1/pets")).send().await.unwrap();
+    let pets: Value = r.json().await.unwrap();
+    assert_eq!(pets.as_array().unwrap().len(), 1, "nothing created: {pets}");
 }
 
 #[tokio::test]

@@ -91,6 +91,8 @@ async fn deprecation_headers_only_on_get_pet() {
     for path in [
         format!("/v1/pets/{}", pet["id"]),
         "/v1/pets/424242".to_owned(),
+        // The same operation spelled with a trailing slash (the backend answers 404 to it).
+        format!("/v1/pets/{}/", pet["id"]),
     ] {
         let r = c
             .get(stack.url(&path))
@@ -127,9 +129,15 @@ async fn after_the_sunset_the_operation_is_gone() {
     let stack = Stack::start_with_text(dir.path(), &past);
     let key = stack.key(&["--plan", "pro"]);
     let c = client();
-    let r = stack.get(&c, "/v1/pets/1", &key).await;
-    assert_eq!(r.headers()["sunset"], "Fri, 01 Jan 2021 00:00:00 GMT");
-    assert_error(r, 410, "gone").await;
+    for path in ["/v1/pets/1", "/v1/pets/1/"] {
+        let r = stack.get(&c, path, &key).await;
+        assert_eq!(
+            r.headers()["sunset"],
+            "Fri, 01 Jan 2021 00:00:00 GMT",
+            "{path}"
+        );
+        assert_error(r, 410, "gone").await;
+    }
     assert_eq!(stack.get(&c, "/v1/pets", &key).await.status(), 200);
 }
 

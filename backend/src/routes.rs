@@ -28,7 +28,26 @@ pub fn routes(
         .and(warp::method())
         .and(with_store(store))
         .then(handlers::item);
-    collection.or(item).unify().recover(recover).unify()
+    no_trailing_slash()
+        .and(collection.or(item).unify())
+        .recover(recover)
+        .unify()
+}
+
+/// warp matches `/v1/pets/` as it matches `/v1/pets`, and `/v1/pets/1/` as `/v1/pets/1`. The
+/// spec's paths have no trailing slash, and one resource has one path: the gateway decides
+/// deprecation on the path it forwards, and a second spelling of the deprecated operation would
+/// be served past its sunset. So a path ending in `/` is a path of no route: 404.
+fn no_trailing_slash() -> impl Filter<Extract = (), Error = warp::Rejection> + Copy {
+    warp::path::full()
+        .and_then(|path: warp::path::FullPath| async move {
+            if path.as_str().len() > 1 && path.as_str().ends_with('/') {
+                Err(warp::reject::not_found())
+            } else {
+                Ok(())
+            }
+        })
+        .untuple_one()
 }
 
 fn with_store(store: Store) -> impl Filter<Extract = (Store,), Error = Infallible> + Clone {

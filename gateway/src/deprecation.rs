@@ -66,7 +66,11 @@ impl Deprecation {
         }
         Ok(Deprecation {
             method: method.to_ascii_uppercase(),
-            pattern: path_pattern.split('/').skip(1).map(str::to_owned).collect(),
+            pattern: without_trailing_slash(path_pattern)
+                .split('/')
+                .skip(1)
+                .map(str::to_owned)
+                .collect(),
             sunset_unix,
             after_sunset,
             deprecation_header: header(format!("@{deprecated_unix}"))?,
@@ -76,14 +80,16 @@ impl Deprecation {
     }
 
     /// Whether this deprecation covers `method` on the normalized `path`. A deprecated GET
-    /// covers HEAD too: HEAD is answered with GET's headers (RFC 9110, section 9.3.2).
+    /// covers HEAD too: HEAD is answered with GET's headers (RFC 9110, section 9.3.2). One
+    /// trailing slash, on the path or the pattern, is no other operation: many upstreams serve
+    /// `/orders/7/` as `/orders/7`, and that spelling must not escape the headers or the 410.
     pub fn applies(&self, method: &str, path: &str) -> bool {
         let same = method.eq_ignore_ascii_case(&self.method)
             || (self.method == "GET" && method.eq_ignore_ascii_case("HEAD"));
         if !same {
             return false;
         }
-        let mut segments = path.split('/').skip(1);
+        let mut segments = without_trailing_slash(path).split('/').skip(1);
         let all_match = self.pattern.iter().all(|want| {
             segments.next().is_some_and(|seg| {
                 let is_param = want.starts_with('{') && want.ends_with('}');
@@ -100,6 +106,14 @@ impl Deprecation {
     /// Whether the operation is past its sunset at `now_unix` and should answer 410.
     pub fn is_gone(&self, now_unix: u64) -> bool {
         self.after_sunset == AfterSunset::Gone && now_unix >= self.sunset_unix
+    }
+}
+
+/// `path` without one trailing `/`; `/` itself stays.
+fn without_trailing_slash(path: &str) -> &str {
+    match path.strip_suffix('/') {
+        Some(rest) if !rest.is_empty() => rest,
+        _ => path,
     }
 }
 
@@ -145,6 +159,22 @@ mod tests {
         assert!(!d.applies("GET", "/v1/pets"));
         assert!(!d.applies("GET", "/v1/pets/"));
         assert!(!d.applies("GET", "/v1/pets/12/toys"));
+        assert!(
+            d.applies("GET", "/v1/pets/12/"),
+            "a trailing slash is the same operation"
+        );
+        assert!(!d.applies("GET", "/v1/pets/12//"));
+    }
+
+    #[test]
+    fn a_pattern_with_a_trailing_slash_covers_both_spellings() {
+        let d =
+            Deprecation::new("DELETE", "/v1/orders/", 0, 1, None, None, AfterSunset::Gone).unwrap();
+        assert!(d.applies("DELETE", "/v1/orders/"));
+        assert!(d.applies("DELETE", "/v1/orders"));
+        assert!(!d.applies("DELETE", "/v1/orders/7"));
+        assert!(!d.applies("DELETE", "/v1"));
+        assert_eq!(without_trailing_slash("/"), "/");
     }
 
     #[test]
