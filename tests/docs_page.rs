@@ -72,6 +72,17 @@ fn the_docs_page_renders_every_operation_offline_and_marks_get_pet_deprecated() 
             }
         }
     }
+    // The browser asked for nothing but the pages: no 401 for an icon, which would spend the
+    // visitor's failed-auth budget on each visit.
+    let (_, _, metrics) = common::raw_http(
+        stack.admin,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let others: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("gateway_responses_total{") && !l.contains("route=\"pages\""))
+        .collect();
+    assert!(others.is_empty(), "the browser asked for more: {others:?}");
     let shot: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR")).join("../docs-page.png");
     let profile = tempfile::tempdir_in(dir.path()).unwrap();
     chromium(
