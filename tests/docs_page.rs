@@ -114,6 +114,14 @@ async fn the_deprecation_link_points_at_get_pet_on_the_docs_page() {
     let docs = c.get(stack.url("/v1/docs")).send().await.unwrap();
     assert_eq!(docs.status(), 200);
     assert!(docs.text().await.unwrap().contains("<html"));
+    // Typed with a trailing slash, the page is a redirect away, not a 401 asking for a key.
+    let r = c.get(stack.url("/v1/docs/")).send().await.unwrap();
+    assert_eq!(r.status(), 308);
+    assert_eq!(r.headers()["location"], "/v1/docs");
+    assert!(r.headers().get("x-ratelimit-limit").is_some());
+    let followed = reqwest::get(stack.url("/v1/docs/")).await.unwrap();
+    assert_eq!(followed.status(), 200);
+    assert!(followed.text().await.unwrap().contains("<redoc"));
 
     // With the address clients use configured, the link is absolute on it.
     let other = tempfile::tempdir().unwrap();

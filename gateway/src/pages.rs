@@ -28,6 +28,8 @@ pub enum Page {
     Docs,
     /// Redoc's bundle, which renders the reference.
     Redoc,
+    /// `/v1/docs/`, as people type it: a redirect to the reference, not a 401 asking for a key.
+    DocsWithSlash,
 }
 
 /// The public page `request` asks for, if any (GET or HEAD on its exact path; pingora leaves
@@ -40,6 +42,7 @@ pub fn public_page(request: &RequestHeader) -> Option<Page> {
         OPENAPI_PATH => Some(Page::OpenApi),
         DOCS_PATH => Some(Page::Docs),
         REDOC_PATH => Some(Page::Redoc),
+        path if path.strip_suffix('/') == Some(DOCS_PATH) => Some(Page::DocsWithSlash),
         _ => None,
     }
 }
@@ -59,6 +62,13 @@ pub async fn serve(session: &mut Session, ctx: &mut Ctx, page: Page) -> pingora:
             "text/javascript; charset=utf-8",
             Bytes::from_static(REDOC_JS),
         ),
+        Page::DocsWithSlash => {
+            // Relative, so it stays on the address and listener the client used.
+            let mut response = ResponseHeader::build(308, Some(8))?;
+            response.insert_header(http::header::LOCATION, DOCS_PATH)?;
+            let body = Bytes::from_static(b"The API reference is at /v1/docs\n");
+            return send(session, ctx, response, "text/plain; charset=utf-8", body).await;
+        }
     };
     let mut response = ResponseHeader::build(200, Some(8))?;
     if page == Page::Redoc {
