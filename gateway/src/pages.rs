@@ -65,7 +65,7 @@ pub async fn serve(session: &mut Session, ctx: &mut Ctx, page: Page) -> pingora:
         Page::DocsWithSlash => {
             // Relative, so it stays on the address and listener the client used.
             let mut response = ResponseHeader::build(308, Some(8))?;
-            response.insert_header(http::header::LOCATION, DOCS_PATH)?;
+            response.insert_header("Location", DOCS_PATH)?;
             let body = Bytes::from_static(b"The API reference is at /v1/docs\n");
             return send(session, ctx, response, "text/plain; charset=utf-8", body).await;
         }
