@@ -159,13 +159,7 @@ impl Upstream {
     pub fn healthy(&self) -> usize {
         match self {
             Upstream::One(_) => 1,
-            Upstream::Pool(pool) => pool
-                .lb
-                .backends()
-                .get_backend()
-                .iter()
-                .filter(|b| pool.takes_traffic(b))
-                .count(),
+            Upstream::Pool(pool) => pool.rotation().iter().filter(|(_, takes)| *takes).count(),
         }
     }
 
