@@ -4,6 +4,8 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use common::{PETS_ROUTE, Stack, TestUpstream, client, metric};
@@ -82,7 +84,7 @@ async fn a_pool_serves_every_request_with_an_instance_down_and_readyz_follows_it
     assert_eq!(ready(&stack), 200);
 
     // One instance gone: every request is still served, by the other.
-    a.stop();
+    a.stop().await;
     for i in 0..20 {
         assert_eq!(
             get().await.status(),
@@ -96,7 +98,7 @@ async fn a_pool_serves_every_request_with_an_instance_down_and_readyz_follows_it
     assert_eq!(ready(&stack), 200, "the route still has a healthy instance");
 
     // Both gone: not ready, and requests get 502.
-    b.stop();
+    b.stop().await;
     wait_ready(&stack, 503);
     let r = get().await;
     common::assert_error(r, 502, "bad_gateway").await;
@@ -211,7 +213,7 @@ async fn an_instance_that_refuses_a_connection_gets_no_traffic_until_a_check_pas
 
     // `a` goes away: the one request that meets its refusal is retried on `b`, and `a` gets no
     // more tries, so no more retries.
-    a.stop();
+    a.stop().await;
     for i in 0..20 {
         assert_eq!(get().await.status(), 200, "request {i}");
     }
@@ -240,4 +242,91 @@ async fn an_instance_that_refuses_a_connection_gets_no_traffic_until_a_check_pas
         assert_eq!(get().await.status(), 200);
     }
     assert_eq!(back.hits(), 5, "round-robin over both again");
+}
+
+/// An instance that takes each connection, reads a request's head and closes the connection
+/// unanswered, as one going down with requests in flight. Returned with the count of heads read.
+async fn closer() -> (SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = Arc::new(AtomicUsize::new(0));
+    let counted = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    match stream.read_line(&mut line).await {
+                        // A health check's connection: no request.
+                        Ok(0) | Err(_) => return,
+                        Ok(_) if line == "\r\n" => break,
+                        Ok(_) => {}
+                    }
+                }
+                counted.fetch_add(1, SeqCst);
+            });
+        }
+    });
+    (addr, heads)
+}
+
+/// A new connection closed before a byte of the answer (an instance going down: its listener
+/// closed with the connection queued) sends a GET to another instance, as a refusal does, and
+/// the client sees no error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_get_whose_new_connection_is_closed_unanswered_is_served_by_another_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let (closing, closed) = closer().await;
+    let good = TestUpstream::start(Duration::ZERO).await;
+    let stack = Stack::start_with_text(dir.path(), &pool_config("", &[closing, good.addr]));
+    let key = stack.key(&["--plan", "business"]);
+    let c = client();
+    for i in 0..6 {
+        assert_eq!(
+            get_order(&c, &stack, &key).await.status(),
+            200,
+            "request {i}"
+        );
+    }
+    assert_eq!(
+        good.hits(),
+        6,
+        "every request served by the instance that answers"
+    );
+    let sent = closed.load(SeqCst);
+    assert!(sent >= 1, "round-robin sent some to the closing instance");
+    let retried: f64 = ["ConnectionClosed", "ReadError"]
+        .into_iter()
+        .filter_map(|e| retries(&stack, e, closing))
+        .sum();
+    assert_eq!(retried, sent as f64, "each counted as tried again");
+}
+
+/// A request that cannot safely be sent twice (a POST) is not: the instance may have acted on
+/// it. One that can is sent once more, not again and again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_post_is_not_sent_again_and_a_get_is_sent_again_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ((x, x_heads), (y, y_heads)) = (closer().await, closer().await);
+    let stack = Stack::start_with_text(dir.path(), &pool_config("", &[x, y]));
+    let key = stack.key(&["--plan", "business"]);
+    let c = client();
+    let heads = || x_heads.load(SeqCst) + y_heads.load(SeqCst);
+
+    let r = c
+        .post(stack.url("/v1/store/orders"))
+        .bearer_auth(&key)
+        .json(&serde_json::json!({"pet_id": 1}))
+        .send()
+        .await
+        .unwrap();
+    common::assert_error(r, 502, "bad_gateway").await;
+    assert_eq!(heads(), 1, "the POST went to one instance only");
+
+    common::assert_error(get_order(&c, &stack, &key).await, 502, "bad_gateway").await;
+    assert_eq!(heads(), 3, "the GET went to both, once each");
 }

@@ -13,6 +13,7 @@
 //! request_body_filter     streamed body too large (413)
 //! upstream_peer           the route's instance (a pool's next healthy one), with timeouts
 //! fail_to_connect         a pool instance refused the connection → retried once elsewhere
+//! error_while_proxy       a new connection closed unanswered → idempotent requests likewise
 //! upstream_request_filter drop Authorization; add X-Request-Id, X-Forwarded-For,
 //!                         X-Api-Key-Id, X-Api-Plan (pingora itself drops hop-by-hop headers
 //!                         and those the client's Connection header names)
@@ -34,7 +35,7 @@ use http::{HeaderValue, StatusCode};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::protocols::http::v1::common::is_expect_continue_req;
-use pingora::{Error, ErrorType, OrErr, Result};
+use pingora::{Error, ErrorType, OrErr, Result, RetryType};
 use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
 use crate::access_log::{self, AccessLog};
@@ -117,6 +118,22 @@ fn final_response(session: &Session) -> Option<&ResponseHeader> {
 }
 
 /// After answering: the rest of the body, within [`LINGER_TIME`] and [`LINGER_BYTES`].
+/// The instance of a pool that `ctx` went to could not be connected to, or closed the connection
+/// unanswered: it leaves the rotation until its next passing health check, and with `retry`, the
+/// request goes to another instance, once.
+fn pass_over(ctx: &mut Ctx, e: &mut Error, retry: bool) {
+    if let (Some(route), Some(instance)) = (&ctx.route, ctx.instance)
+        && let Upstream::Pool(pool) = &route.upstream
+    {
+        pool.connection_failed(instance);
+        route.publish_rotation();
+        if retry && ctx.unreachable.is_none() {
+            ctx.unreachable = Some(instance);
+            e.set_retry(true);
+        }
+    }
+}
+
 async fn linger(session: &mut Session) {
     discard_body(session, LINGER_TIME, LINGER_BYTES).await;
 }
@@ -328,16 +345,37 @@ impl ProxyHttp for Gateway {
         // A connection that could not be made (refused; timed out, as to a host that is gone;
         // unreachable) sent nothing upstream, so another instance of a pool may take the
         // request, whatever its method; once. (nginx's `proxy_next_upstream error timeout`.)
-        // The instance leaves the rotation until its next passing health check.
-        if let (Some(route), Some(instance)) = (&ctx.route, ctx.instance)
-            && let Upstream::Pool(pool) = &route.upstream
-        {
-            pool.connection_failed(instance);
-            route.publish_rotation();
-            if ctx.unreachable.is_none() {
-                ctx.unreachable = Some(instance);
-                e.set_retry(true);
-            }
+        pass_over(ctx, &mut e, true);
+        e
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Ctx,
+        reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        let closed_before_answering = e.retry == RetryType::ReusedOnly;
+        // pingora's policy: a request that can be sent again (idempotent, its body still
+        // buffered) is, when a reused connection turned out closed (the upstream's keep-alive
+        // timeout raced it).
+        let replayable = session.req_header().method.is_idempotent()
+            && !session.as_ref().retry_buffer_truncated();
+        if replayable {
+            e.retry.decide_reuse(reused);
+        } else {
+            e.set_retry(false);
+        }
+        // And ours: a new connection closed or reset before a byte of the answer came is an
+        // instance going down (its listener closed with this connection still queued) or gone
+        // wrong. As a refused one, it takes the instance out of a pool's rotation, and a request
+        // that can be sent again goes once to another instance (nginx's
+        // `proxy_next_upstream error`, which too leaves out POST and PATCH).
+        if closed_before_answering && !reused {
+            pass_over(ctx, &mut e, replayable);
         }
         e
     }

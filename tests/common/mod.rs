@@ -518,6 +518,9 @@ pub struct TestUpstream {
     pub addr: SocketAddr,
     pub hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     stop: tokio::sync::watch::Sender<bool>,
+    /// Ends (`recv` gives `None`) when the listener and every connection are closed: each task
+    /// holds a sender.
+    running: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<()>>,
 }
 
 impl TestUpstream {
@@ -539,9 +542,11 @@ impl TestUpstream {
         Self::serve(addr, Duration::ZERO, None).await
     }
 
-    /// Closes the listener and every connection: the instance is gone.
-    pub fn stop(&self) {
+    /// Closes the listener and every connection, and returns when they are closed: the
+    /// instance is gone, and cannot answer a request sent after this.
+    pub async fn stop(&self) {
         let _ = self.stop.send(true);
+        let _ = self.running.lock().await.recv().await;
     }
 
     async fn serve(
@@ -555,17 +560,19 @@ impl TestUpstream {
         let counter = hits.clone();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut accept_stopped = stopped.clone();
+        let (alive, running) = tokio::sync::mpsc::channel::<()>(1);
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
                     accepted = listener.accept() => accepted,
-                    _ = accept_stopped.changed() => return,
+                    _ = accept_stopped.changed() => break,
                 };
                 let Ok((stream, _)) = accepted else {
-                    return;
+                    break;
                 };
                 let (counter, tls) = (counter.clone(), tls.clone());
                 let mut conn_stopped = stopped.clone();
+                let alive = alive.clone();
                 tokio::spawn(async move {
                     let serve = async move {
                         match tls {
@@ -581,10 +588,18 @@ impl TestUpstream {
                         () = serve => {}
                         _ = conn_stopped.changed() => {}
                     }
+                    drop(alive);
                 });
             }
+            drop(listener);
+            drop(alive);
         });
-        TestUpstream { addr, hits, stop }
+        TestUpstream {
+            addr,
+            hits,
+            stop,
+            running: tokio::sync::Mutex::new(running),
+        }
     }
 
     pub fn hits(&self) -> usize {
