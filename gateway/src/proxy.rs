@@ -13,7 +13,8 @@
 //! request_body_filter     streamed body too large (413)
 //! upstream_peer           the route's instance (a pool's next healthy one), with timeouts
 //! fail_to_connect         a pool instance refused the connection → retried once elsewhere
-//! error_while_proxy       a new connection closed unanswered → idempotent requests likewise
+//! error_while_proxy       a new connection closed unanswered → idempotent requests likewise;
+//!                         a head that met a reset → any request (nothing was sent)
 //! upstream_request_filter drop Authorization; add X-Request-Id, X-Forwarded-For,
 //!                         X-Api-Key-Id, X-Api-Plan (pingora itself drops hop-by-hop headers
 //!                         and those the client's Connection header names)
@@ -117,7 +118,15 @@ fn final_response(session: &Session) -> Option<&ResponseHeader> {
         .filter(|r| !r.status.is_informational())
 }
 
-/// After answering: the rest of the body, within [`LINGER_TIME`] and [`LINGER_BYTES`].
+/// Whether pingora's error `e` says that the request's head could not be written upstream (as
+/// the connection was reset): then no complete request reached it.
+fn request_head_unsent(e: &Error) -> bool {
+    e.etype == ErrorType::WriteError
+        && e.context
+            .as_ref()
+            .is_some_and(|c| c.as_str().contains("request header"))
+}
+
 /// The instance of a pool that `ctx` went to could not be connected to, or closed the connection
 /// unanswered: it leaves the rotation until its next passing health check, and with `retry`, the
 /// request goes to another instance, once.
@@ -134,6 +143,7 @@ fn pass_over(ctx: &mut Ctx, e: &mut Error, retry: bool) {
     }
 }
 
+/// After answering: the rest of the body, within [`LINGER_TIME`] and [`LINGER_BYTES`].
 async fn linger(session: &mut Session) {
     discard_body(session, LINGER_TIME, LINGER_BYTES).await;
 }
@@ -357,8 +367,20 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
         reused: bool,
     ) -> Box<Error> {
-        let mut e = e.more_context(format!("Peer: {peer}"));
+        let head_unsent = request_head_unsent(&e);
         let closed_before_answering = e.retry == RetryType::ReusedOnly;
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        if head_unsent && !session.as_ref().retry_buffer_truncated() {
+            // The connection was reset before the request's head was all written: nothing the
+            // instance could act on reached it, whatever the method, so it is sent again as
+            // after a refusal (a reused connection: anywhere, the instance may be fine).
+            if reused {
+                e.set_retry(true);
+            } else {
+                pass_over(ctx, &mut e, true);
+            }
+            return e;
+        }
         // pingora's policy: a request that can be sent again (idempotent, its body still
         // buffered) is, when a reused connection turned out closed (the upstream's keep-alive
         // timeout raced it).
@@ -548,5 +570,39 @@ impl ProxyHttp for Gateway {
                 },
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pingora::protocols::http::v1::client::HttpSession;
+
+    /// pingora's own error for a request head written into a connection the upstream has reset
+    /// (as an instance does that closes its listener with the connection queued) is one that
+    /// sent nothing; an error on the body is not.
+    #[tokio::test]
+    async fn a_head_written_into_a_reset_connection_was_not_sent() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        accepted.set_zero_linger().unwrap();
+        drop(accepted);
+        // Returns once the reset has arrived.
+        assert!(client.peek(&mut [0u8; 1]).await.is_err());
+        let stream: pingora::protocols::l4::stream::Stream = client.into();
+        let mut session = HttpSession::new(Box::new(stream));
+        let head = RequestHeader::build("GET", b"/v1/store/orders/1", None).unwrap();
+        let e = session
+            .write_request_header(Box::new(head))
+            .await
+            .unwrap_err();
+        assert!(request_head_unsent(&e), "{e}");
+        assert!(!request_head_unsent(&Error::explain(
+            ErrorType::WriteError,
+            "while writing body"
+        )));
     }
 }
