@@ -129,6 +129,18 @@ fn count(statuses: &[u16], status: u16) -> usize {
     statuses.iter().filter(|&&s| s == status).count()
 }
 
+/// Waits until each of `gateways` counts `n` gateways sharing Redis.
+fn wait_gateways(gateways: &[&GatewayOnly], n: usize) {
+    for g in gateways {
+        wait_metric(
+            g.admin,
+            "gateway_limit_store_gateways",
+            Duration::from_secs(10),
+            |v| v == n as f64,
+        );
+    }
+}
+
 /// What each gateway's limit store went through, for a failure's message: its metrics and the
 /// lines its log wrote about Redis.
 fn fleet_report(gateways: &[&GatewayOnly]) -> String {
@@ -137,6 +149,7 @@ fn fleet_report(gateways: &[&GatewayOnly]) -> String {
         report.push_str(&format!("gateway at {}:\n", g.listen));
         for name in [
             "gateway_limit_store_up",
+            "gateway_limit_store_gateways",
             "gateway_limit_store_fallbacks_total",
             "gateway_limit_store_outages_total",
         ] {
@@ -328,6 +341,25 @@ async fn a_slow_redis_within_timeout_ms_still_decides() {
     );
 }
 
+/// Each gateway counts the gateways sharing Redis (what an outage divides limits by) in
+/// `/metrics`; one that stops takes itself out of the live set as it exits, rather than being
+/// counted until its last heartbeat is 5 s old.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_that_stops_leaves_the_count_of_gateways_sharing_redis() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let Fleet { a, b: mut gone, .. } = fleet(dir.path(), &url, &url);
+    wait_gateways(&[&a, &gone], 2);
+    assert_eq!(gone.proc.terminate(), Some(0));
+    assert_eq!(
+        redis.cli(&["ZCARD", "as:gateways"]).trim(),
+        "1",
+        "left as it exited"
+    );
+    wait_gateways(&[&a], 1);
+}
+
 /// Redis killed under load: each gateway limits with its share and says so in `/metrics`;
 /// Redis back: limits are exact and shared again, with no restart.
 #[tokio::test(flavor = "multi_thread")]
@@ -348,7 +380,7 @@ async fn a_redis_outage_falls_back_to_shares_and_its_return_restores_exact_limit
     for g in [&a, &b] {
         wait_store_up(g, true, Duration::from_secs(5));
     }
-    std::thread::sleep(Duration::from_millis(1200)); // both heartbeats have seen each other
+    wait_gateways(&[&a, &b], 2); // each divides by 2 in the outage
 
     // A load across both gateways, with Redis killed in its middle.
     let load = {

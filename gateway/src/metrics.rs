@@ -168,6 +168,18 @@ pub static LIMIT_STORE_UP: Lazy<IntGauge> = Lazy::new(|| {
     )
 });
 
+/// Gateways sharing Redis, as this one counted them at its last heartbeat.
+pub static LIMIT_STORE_GATEWAYS: Lazy<IntGauge> = Lazy::new(|| {
+    register(
+        IntGauge::new(
+            "gateway_limit_store_gateways",
+            "Gateways sharing the limit store (Redis) at the last heartbeat, this one included; \
+             fallback `local` divides each limit by it",
+        )
+        .expect("valid metric"),
+    )
+});
+
 /// Requests whose limits were decided by the fallback because Redis could not decide.
 pub static LIMIT_STORE_FALLBACKS: Lazy<IntCounter> = Lazy::new(|| {
     register(

@@ -123,6 +123,7 @@ impl RedisStore {
             instance: hex::encode(instance),
         });
         metrics::LIMIT_STORE_UP.set(0);
+        metrics::LIMIT_STORE_GATEWAYS.set(1);
         let beat = hub.block_on(store.heartbeat());
         if let Err(e) = beat {
             log::warn!(
@@ -315,6 +316,7 @@ impl RedisStore {
             })
             .await?;
         self.alive.store(alive.max(1), Ordering::Relaxed);
+        metrics::LIMIT_STORE_GATEWAYS.set(i64::try_from(alive.max(1)).unwrap_or(i64::MAX));
         let failed = self.failed_key.load(Ordering::Relaxed);
         if failed != 0 {
             within(self.timeout.max(Duration::from_millis(500)), async {
