@@ -151,6 +151,23 @@ impl Proc {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The log, once it contains each of `needles` (within 10 s; the process writes a request's
+    /// lines after its response).
+    pub fn wait_log(&self, needles: &[&str]) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.log_text();
+            if needles.iter().all(|n| log.contains(n)) {
+                return log;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log has not each of {needles:?} after 10 s:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Proc {
