@@ -84,10 +84,13 @@ pub fn gateway(config: &FileConfig, overrides: &Overrides) -> anyhow::Result<()>
 /// first (finishing the requests it is proxying), then the backend, which flushes to disk.
 pub fn serve(config: &FileConfig, overrides: &Overrides) -> anyhow::Result<()> {
     let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    // Every listener first: a start that cannot listen issues no key it would never use.
+    let listener = runtime.block_on(bind_backend(config))?;
+    animal_store_gateway::check_listeners(&settings)?;
     issue_first_key(config, &settings)?;
-    tokio::runtime::Runtime::new()?.block_on(async {
+    runtime.block_on(async {
         let signal = shutdown_signal();
-        let listener = bind_backend(config).await?;
         let (stop_backend, backend_stopped) = oneshot::channel::<()>();
         let backend = run_backend(config, listener, async {
             let _ = backend_stopped.await;

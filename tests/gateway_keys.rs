@@ -412,4 +412,17 @@ fn an_address_that_cannot_be_bound_stops_the_start_naming_it() {
         assert!(err.contains("in use"), "{command}: {err}");
         assert!(!err.contains("panicked"), "{command}: {err}");
     }
+    // `serve`'s first start issues a key only if it can listen: else the key would be shown
+    // once, by a start that failed, and never again.
+    let (code, list, err) = common::cli(&[
+        "keys",
+        "list",
+        "--json",
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(list.trim(), "[]", "no key issued by a start that failed");
 }

@@ -275,7 +275,7 @@ pub fn run(
 /// the start with its name. pingora binds them only when the server runs, and an address in use
 /// makes it retry for 30 s and then panic inside a task, leaving the process up without the
 /// listener. The addresses are held together, so two settings naming one address fail too.
-fn check_listeners(settings: &Settings) -> Result<(), StartError> {
+pub fn check_listeners(settings: &Settings) -> Result<(), StartError> {
     let mut addresses = vec![
         (settings.listen, "--listen"),
         (settings.admin_listen, "--admin-listen"),
