@@ -330,3 +330,34 @@ async fn a_post_is_not_sent_again_and_a_get_is_sent_again_once() {
     common::assert_error(get_order(&c, &stack, &key).await, 502, "bad_gateway").await;
     assert_eq!(heads(), 3, "the GET went to both, once each");
 }
+
+/// The README's way to take an instance away with no error, `POST`s included: out of
+/// `upstreams`, a reload, then stopped. After the reload no request reaches it, so whatever it
+/// does as it goes down (here: closes every connection unanswered) costs nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_drained_by_a_reload_costs_no_post_as_it_goes_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let (leaving, heads) = closer().await;
+    let staying = TestUpstream::start(Duration::ZERO).await;
+    let config =
+        |instances: &[SocketAddr]| Stack::config_with_text(dir.path(), &pool_config("", instances));
+    let stack = Stack::start_with(dir.path(), &config(&[leaving, staying.addr]));
+    let key = stack.key(&["--plan", "business"]);
+    assert_eq!(metric(stack.admin, &healthy(leaving)), Some(1.0));
+
+    config(&[staying.addr]);
+    kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
+    stack.proc.wait_log(&["configuration reloaded"]);
+    let c = client();
+    for i in 0..10 {
+        let r = c
+            .post(stack.url("/v1/store/orders"))
+            .bearer_auth(&key)
+            .json(&serde_json::json!({"pet_id": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "POST {i}");
+    }
+    assert_eq!((heads.load(SeqCst), staying.hits()), (0, 10));
+}
