@@ -85,7 +85,8 @@ pub fn gateway(config: &FileConfig, overrides: &Overrides) -> anyhow::Result<()>
 pub fn serve(config: &FileConfig, overrides: &Overrides) -> anyhow::Result<()> {
     let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
     let runtime = tokio::runtime::Runtime::new()?;
-    // Every listener first: a start that cannot listen issues no key it would never use.
+    // Every listener first: a start that stops for a port in use has shown no key, which would
+    // never be shown again.
     let listener = runtime.block_on(bind_backend(config))?;
     animal_store_gateway::check_listeners(&settings)?;
     issue_first_key(config, &settings)?;

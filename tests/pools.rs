@@ -49,6 +49,16 @@ async fn get_order(c: &reqwest::Client, stack: &Stack, key: &str) -> reqwest::Re
         .unwrap()
 }
 
+/// An order created through the pool with `key`: a request that cannot safely be sent twice.
+async fn post_order(c: &reqwest::Client, stack: &Stack, key: &str) -> reqwest::Response {
+    c.post(stack.url("/v1/store/orders"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({"pet_id": 1}))
+        .send()
+        .await
+        .unwrap()
+}
+
 /// `gateway_upstream_retries_total` of the pool's `instance` for `error`.
 fn retries(stack: &Stack, error: &str, instance: SocketAddr) -> Option<f64> {
     metric(
@@ -317,14 +327,7 @@ async fn a_post_is_not_sent_again_and_a_get_is_sent_again_once() {
     let c = client();
     let heads = || x_heads.load(SeqCst) + y_heads.load(SeqCst);
 
-    let r = c
-        .post(stack.url("/v1/store/orders"))
-        .bearer_auth(&key)
-        .json(&serde_json::json!({"pet_id": 1}))
-        .send()
-        .await
-        .unwrap();
-    common::assert_error(r, 502, "bad_gateway").await;
+    common::assert_error(post_order(&c, &stack, &key).await, 502, "bad_gateway").await;
     assert_eq!(heads(), 1, "the POST went to one instance only");
 
     common::assert_error(get_order(&c, &stack, &key).await, 502, "bad_gateway").await;
@@ -350,14 +353,7 @@ async fn an_instance_drained_by_a_reload_costs_no_post_as_it_goes_down() {
     stack.proc.wait_log(&["configuration reloaded"]);
     let c = client();
     for i in 0..10 {
-        let r = c
-            .post(stack.url("/v1/store/orders"))
-            .bearer_auth(&key)
-            .json(&serde_json::json!({"pet_id": 1}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "POST {i}");
+        assert_eq!(post_order(&c, &stack, &key).await.status(), 200, "POST {i}");
     }
     assert_eq!((heads.load(SeqCst), staying.hits()), (0, 10));
 }
