@@ -4,7 +4,6 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::{Stack, cli, client, free_addr, wait_for_port};
 use nix::sys::signal::{Signal, kill};
@@ -71,11 +70,7 @@ async fn the_platform_guide_adds_a_pooled_service_to_a_running_gateway() {
     let (code, out, err) = cli(&["check-config", config.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
     kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !stack.proc.log_text().contains("configuration reloaded") {
-        assert!(Instant::now() < deadline, "no reload");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    stack.proc.wait_log("configuration reloaded");
 
     // Step 4: balanced over both, the caller named, the deprecated operation marked.
     let mut instances = std::collections::HashSet::new();

@@ -350,7 +350,7 @@ async fn an_instance_drained_by_a_reload_costs_no_post_as_it_goes_down() {
 
     config(&[staying.addr]);
     kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
-    stack.proc.wait_log(&["configuration reloaded"]);
+    stack.proc.wait_log("configuration reloaded");
     let c = client();
     for i in 0..10 {
         assert_eq!(post_order(&c, &stack, &key).await.status(), 200, "POST {i}");

@@ -5,7 +5,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{PETS_ROUTE, Stack, TestUpstream, metric};
 use nix::sys::signal::{Signal, kill};
@@ -46,17 +46,6 @@ fn request(s: &mut TcpStream, path: &str, key: &str) -> String {
     }
 }
 
-fn wait_log(stack: &Stack, text: &str, times: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while stack.proc.log_text().matches(text).count() < times {
-        assert!(
-            Instant::now() < deadline,
-            "`{text}` not logged {times} time(s)"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn sighup_swaps_in_a_good_configuration_and_refuses_a_bad_one_whole() {
     let dir = tempfile::tempdir().unwrap();
@@ -82,7 +71,7 @@ async fn sighup_swaps_in_a_good_configuration_and_refuses_a_bad_one_whole() {
     );
     std::fs::write(&path, config(5, &route)).unwrap();
     kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
-    wait_log(&stack, "configuration reloaded", 1);
+    stack.proc.wait_log("configuration reloaded");
     // The same connection, still open: the new limit applies, and the two counted requests
     // are still counted.
     let head = request(&mut conn, "/v1/pets", &key).to_ascii_lowercase();
@@ -103,7 +92,7 @@ async fn sighup_swaps_in_a_good_configuration_and_refuses_a_bad_one_whole() {
     )
     .unwrap();
     kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
-    wait_log(&stack, "the configuration was refused", 1);
+    stack.proc.wait_log("the configuration was refused");
     assert!(
         stack.proc.log_text().contains("line "),
         "the log says where"

@@ -876,11 +876,7 @@ async fn a_refusal_redis_took_back_is_not_kept_through_an_outage() {
     // The plan's limit raised: Redis admits the key again.
     config(dir.path(), &plan(100));
     kill(gateway.proc.pid(), Signal::SIGHUP).unwrap();
-    let reloaded = Instant::now();
-    while !gateway.proc.log_text().contains("configuration reloaded") {
-        assert!(reloaded.elapsed() < Duration::from_secs(10), "no reload");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gateway.proc.wait_log("configuration reloaded");
     assert_eq!(get().await.unwrap().status(), 200);
     assert_all_decided_in_redis(&[&gateway]);
 

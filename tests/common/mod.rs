@@ -152,18 +152,18 @@ impl Proc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The log, once it contains each of `needles` (within 10 s; the process writes a request's
-    /// lines after its response).
-    pub fn wait_log(&self, needles: &[&str]) -> String {
+    /// The log, once it has `text` (within 10 s): a reload's line after the signal, a request's
+    /// access line after its response.
+    pub fn wait_log(&self, text: &str) -> String {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let log = self.log_text();
-            if needles.iter().all(|n| log.contains(n)) {
+            if log.contains(text) {
                 return log;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "the log has not each of {needles:?} after 10 s:\n{log}"
+                "`{text}` not logged in 10 s:\n{log}"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
