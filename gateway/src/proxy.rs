@@ -370,7 +370,8 @@ impl ProxyHttp for Gateway {
         let head_unsent = request_head_unsent(&e);
         let closed_before_answering = e.retry == RetryType::ReusedOnly;
         let mut e = e.more_context(format!("Peer: {peer}"));
-        if head_unsent && !session.as_ref().retry_buffer_truncated() {
+        let body_kept = !session.as_ref().retry_buffer_truncated();
+        if head_unsent && body_kept {
             // The connection was reset before the request's head was all written: nothing the
             // instance could act on reached it, whatever the method, so it is sent again as
             // after a refusal (a reused connection: anywhere, the instance may be fine).
@@ -384,8 +385,7 @@ impl ProxyHttp for Gateway {
         // pingora's policy: a request that can be sent again (idempotent, its body still
         // buffered) is, when a reused connection turned out closed (the upstream's keep-alive
         // timeout raced it).
-        let replayable = session.req_header().method.is_idempotent()
-            && !session.as_ref().retry_buffer_truncated();
+        let replayable = session.req_header().method.is_idempotent() && body_kept;
         if replayable {
             e.retry.decide_reuse(reused);
         } else {
