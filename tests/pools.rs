@@ -322,16 +322,29 @@ async fn a_get_whose_new_connection_is_closed_unanswered_is_served_by_another_in
 async fn a_post_is_not_sent_again_and_a_get_is_sent_again_once() {
     let dir = tempfile::tempdir().unwrap();
     let ((x, x_heads), (y, y_heads)) = (closer().await, closer().await);
-    let stack = Stack::start_with_text(dir.path(), &pool_config("", &[x, y]));
+    // Checks once an hour: only a failure can take an instance out of the rotation here.
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &pool_config("health_check_interval_ms = 3600000", &[x, y]),
+    );
     let key = stack.key(&["--plan", "business"]);
     let c = client();
     let heads = || x_heads.load(SeqCst) + y_heads.load(SeqCst);
+    let in_rotation = || {
+        [x, y]
+            .into_iter()
+            .filter_map(|i| metric(stack.admin, &healthy(i)))
+            .sum::<f64>()
+    };
+    assert_eq!(in_rotation(), 2.0);
 
     common::assert_error(post_order(&c, &stack, &key).await, 502, "bad_gateway").await;
     assert_eq!(heads(), 1, "the POST went to one instance only");
+    assert_eq!(in_rotation(), 1.0, "and took it out of the rotation");
 
     common::assert_error(get_order(&c, &stack, &key).await, 502, "bad_gateway").await;
     assert_eq!(heads(), 3, "the GET went to both, once each");
+    assert_eq!(in_rotation(), 0.0);
 }
 
 /// The README's way to take an instance away with no error, `POST`s included: out of
