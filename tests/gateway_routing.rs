@@ -411,6 +411,108 @@ async fn ambiguous_paths_are_refused_before_any_decision() {
     assert_eq!(seen["x-end-to-end"], "kept");
 }
 
+/// A body whose framing two readers could take differently is refused, as is an HTTP/1.1
+/// request without `Host`, and the connection closes: what came before the gateway may have
+/// read the bytes otherwise, so nothing more is read from it. `Transfer-Encoding` beside
+/// `Content-Length` is read as chunked and forwarded without the length (RFC 9112), and that
+/// connection closes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_framed_ambiguously_is_refused_and_its_connection_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "pro"]);
+    let pet = r#"{"name":"Rex","categoryId":1}"#;
+    let chunked = format!("{:x}\r\n{pet}\r\n0\r\n\r\n", pet.len());
+    let post = |framing: &str, body: &str| {
+        format!(
+            "POST /v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\n{framing}\r\n{body}"
+        )
+    };
+    let n = pet.len();
+    for (case, request) in [
+        (
+            "two lengths",
+            post(
+                &format!("Content-Length: {n}\r\nContent-Length: {n}\r\n"),
+                pet,
+            ),
+        ),
+        (
+            "a list of lengths",
+            post(&format!("Content-Length: {n}, {n}\r\n"), pet),
+        ),
+        (
+            "gzip, then chunked",
+            post("Transfer-Encoding: gzip, chunked\r\n", &chunked),
+        ),
+        (
+            "chunked twice",
+            post(
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+                &chunked,
+            ),
+        ),
+        (
+            "no Host",
+            format!("GET /v1/pets HTTP/1.1\r\nAuthorization: Bearer {key}\r\n\r\n"),
+        ),
+    ] {
+        let (answer, closed) = answer_and_close(stack.listen, &request);
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        assert!(head.starts_with("HTTP/1.1 400 "), "{case}: {answer}");
+        let body: Value =
+            serde_json::from_str(body).unwrap_or_else(|e| panic!("{case}: {e}: {answer}"));
+        assert_eq!(body["code"], "invalid_request", "{case}");
+        assert!(closed, "{case}: the connection stayed open");
+    }
+    let c = client();
+    let pets: Value = stack.get(&c, "/v1/pets", &key).await.json().await.unwrap();
+    assert_eq!(pets, json!([]), "no refused create reached the backend");
+
+    // Both: the body is read as chunked, the length is not forwarded, the connection closes.
+    let (answer, closed) = answer_and_close(
+        stack.listen,
+        &post(
+            "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+            &chunked,
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 201 "), "{answer}");
+    assert!(answer.contains(r#""name":"Rex""#), "{answer}");
+    assert!(
+        closed,
+        "the connection stayed open after Content-Length beside chunked"
+    );
+    // One chunked coding, in any case; HTTP/1.0 without Host: read as usual.
+    let (answer, _) = answer_and_close(
+        stack.listen,
+        &post(
+            "Transfer-Encoding: Chunked\r\nConnection: close\r\n",
+            &chunked,
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 201 "), "{answer}");
+    let (answer, _) = answer_and_close(
+        stack.listen,
+        &format!("GET /v1/pets HTTP/1.0\r\nAuthorization: Bearer {key}\r\n\r\n"),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+}
+
+/// The answer to `request` on a new connection, and whether the gateway closed the connection
+/// after it (rather than leaving it open for 10 s).
+fn answer_and_close(addr: std::net::SocketAddr, request: &str) -> (String, bool) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let closed = stream.read_to_end(&mut answer).is_ok();
+    (String::from_utf8_lossy(&answer).into_owned(), closed)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_over_the_gateway_limit_get_413_without_reaching_the_upstream() {
     let dir = tempfile::tempdir().unwrap();

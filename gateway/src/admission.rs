@@ -1,7 +1,7 @@
 //! What `request_filter` decides before anything is forwarded, in the order of the phase chart
-//! in [`crate::proxy`]: the path's one form, header limits, the route, CORS preflights, the
-//! key, `/v1/rate_limit`, the key's limits, the route's existence, a sunset, the declared body
-//! size. Each refusal is a [`GatewayError`]; the proxy sends it.
+//! in [`crate::proxy`]: the body's framing and `Host`, the path's one form, header limits, the
+//! route, CORS preflights, the key, `/v1/rate_limit`, the key's limits, the route's existence,
+//! a sunset, the declared body size. Each refusal is a [`GatewayError`]; the proxy sends it.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -47,6 +47,13 @@ impl Gateway {
         ctx.now_ms = unix_ms();
         let settings = ctx.settings.clone();
         let ip = ctx.client;
+        if let Err(why) = check_framing(session.req_header()) {
+            // Whatever read the request before the gateway may have framed it otherwise: nothing
+            // more is read from this connection.
+            session.set_keepalive(None);
+            ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));
+            return Err(GatewayError::new(ErrorCode::InvalidRequest, why));
+        }
         let unroutable = self.normalize(session).map_err(str::to_owned);
         let request = session.req_header();
         if let Err(why) = unroutable.and_then(|()| check_headers(request, &settings)) {
@@ -246,6 +253,37 @@ impl Gateway {
         session.req_header_mut().set_uri(uri);
         Ok(())
     }
+}
+
+/// Refuses a request whose body two readers could frame differently, which a proxy must not
+/// forward as it came (RFC 9112 section 6, RFC 9110 section 8.6): `Content-Length` given twice
+/// or as a list, and a transfer coding other than one `chunked` (the gateway decodes no other,
+/// and would forward the body without it). Refuses an HTTP/1.1 request without `Host` too
+/// (RFC 9112 section 3.2). pingora has already refused differing lengths, and dropped
+/// `Content-Length` beside `Transfer-Encoding`, closing the connection after the answer.
+fn check_framing(request: &RequestHeader) -> std::result::Result<(), &'static str> {
+    use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+    let headers = &request.headers;
+    let mut lengths = headers.get_all(CONTENT_LENGTH).iter();
+    if let Some(length) = lengths.next()
+        && (lengths.next().is_some() || length.as_bytes().contains(&b','))
+    {
+        return Err("a request gives its Content-Length once, as one number");
+    }
+    let mut codings = headers.get_all(TRANSFER_ENCODING).iter();
+    if let Some(coding) = codings.next()
+        && (codings.next().is_some()
+            || !coding
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"chunked"))
+    {
+        return Err("the only Transfer-Encoding the gateway accepts is one chunked coding");
+    }
+    if request.version == http::Version::HTTP_11 && !headers.contains_key(HOST) {
+        return Err("an HTTP/1.1 request needs a Host header");
+    }
+    Ok(())
 }
 
 /// Refuses requests with more headers, or more header bytes, than are forwarded.

@@ -6,6 +6,7 @@
 //! new_ctx                 the configuration in force, for the whole request
 //! request_filter          the request's head is in: the header timeout stops →
 //!                         client address (trusted proxies) → public pages (docs, OpenAPI) →
+//!                         body framing and Host unambiguous (400, connection closed) →
 //!                         path normalized (400) → route looked up → CORS preflight (204) →
 //!                         key checked (401 / 429 too_many_auth_failures) → /v1/rate_limit →
 //!                         limits (429, or 503 with fallback = deny) → no route (404) →
