@@ -155,6 +155,40 @@ pub const X_API_KEY_ID: Name = Name::new("X-Api-Key-Id", "x-api-key-id");
 /// The key's plan, upstream.
 pub const X_API_PLAN: Name = Name::new("X-Api-Plan", "x-api-plan");
 
+/// Drops each client header that a server reading `_` as `-` would take for one the gateway
+/// sets upstream: CGI, WSGI and Rack read both `X_Api_Key_Id` and `X-Api-Key-Id` as
+/// `HTTP_X_API_KEY_ID`, and some of them keep the client's. nginx drops every name with `_` for
+/// this (`underscores_in_headers off`); the gateway drops only these.
+pub fn drop_aliases(request: &mut RequestHeader) {
+    let aliases: Vec<HeaderName> = request
+        .headers
+        .keys()
+        .filter(|name| is_alias(name))
+        .cloned()
+        .collect();
+    for alias in &aliases {
+        request.remove_header(alias);
+    }
+}
+
+/// Whether `name` has a `_` where a header the gateway sets upstream has a `-`, and is
+/// otherwise that header.
+fn is_alias(name: &HeaderName) -> bool {
+    let name = name.as_str().as_bytes();
+    if !name.contains(&b'_') {
+        return false;
+    }
+    let set_upstream = [&X_REQUEST_ID, &X_FORWARDED_FOR, &X_API_KEY_ID, &X_API_PLAN];
+    set_upstream.iter().any(|own| {
+        let own = own.parsed.as_str().as_bytes();
+        own.len() == name.len()
+            && own
+                .iter()
+                .zip(name)
+                .all(|(&o, &n)| o == n || (o == b'-' && n == b'_'))
+    })
+}
+
 /// Where headers go: through pingora, which keeps each name's case in a second map and parses
 /// the name from text for it, or straight into the header map of a message that keeps no case.
 pub enum Headers<'a> {

@@ -17,8 +17,9 @@
 //! error_while_proxy       a new connection closed unanswered → idempotent requests likewise;
 //!                         a head that met a reset → any request (nothing was sent)
 //! upstream_request_filter drop Authorization; add X-Request-Id, X-Forwarded-For,
-//!                         X-Api-Key-Id, X-Api-Plan (pingora itself drops hop-by-hop headers
-//!                         and those the client's Connection header names)
+//!                         X-Api-Key-Id, X-Api-Plan, dropping the client's spellings of them
+//!                         with `_` (pingora itself drops hop-by-hop headers and those the
+//!                         client's Connection header names)
 //! response_filter         rate-limit, request-id, CORS and deprecation headers (not on an
 //!                         interim `100 Continue`, which leaves the connection reusable)
 //! fail_to_proxy           upstream unreachable → 502, too slow → 504 (JSON, same headers)
@@ -416,6 +417,7 @@ impl ProxyHttp for Gateway {
         let forwarded = HeaderValue::try_from(TrustedProxies::forward(ctx.client, received))
             .or_err(ErrorType::InvalidHTTPHeader, "X-Forwarded-For")?;
         upstream.remove_header(&http::header::AUTHORIZATION);
+        headers::drop_aliases(upstream);
         headers::with_request_headers(upstream, ctx.settings.header_case, |headers| {
             headers.insert(&X_REQUEST_ID, ctx.request_id.header())?;
             headers.insert(&X_FORWARDED_FOR, forwarded)?;
