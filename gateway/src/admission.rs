@@ -16,7 +16,7 @@ use crate::auth::{AuthFailure, Budget, authorize};
 use crate::config::MAX_HEADERS;
 use crate::cors::{self, CorsPolicy};
 use crate::errors::{GatewayError, respond};
-use crate::headers::RateHeaders;
+use crate::headers::{self, RateHeaders};
 use crate::keys::ActiveKey;
 use crate::limits::{Verdict, ceil_secs};
 use crate::metrics;
@@ -47,7 +47,8 @@ impl Gateway {
         ctx.now_ms = unix_ms();
         let settings = ctx.settings.clone();
         let ip = ctx.client;
-        if let Err(why) = check_framing(session.req_header()) {
+        let scan = HeaderScan::of(session.req_header());
+        if let Err(why) = scan.framing(session.req_header().version) {
             // Whatever read the request before the gateway may have framed it otherwise: nothing
             // more is read from this connection.
             session.set_keepalive(None);
@@ -55,11 +56,14 @@ impl Gateway {
             return Err(GatewayError::new(ErrorCode::InvalidRequest, why));
         }
         let unroutable = self.normalize(session).map_err(str::to_owned);
-        let request = session.req_header();
-        if let Err(why) = unroutable.and_then(|()| check_headers(request, &settings)) {
+        if let Err(why) = unroutable.and_then(|()| scan.size(&settings)) {
             ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));
             return Err(GatewayError::new(ErrorCode::InvalidRequest, why));
         }
+        if scan.underscores {
+            headers::drop_aliases(session.req_header_mut());
+        }
+        let request = session.req_header();
         let path = request.uri.path();
         let route = settings.routes.find(path).cloned();
         ctx.route.clone_from(&route);
@@ -255,54 +259,84 @@ impl Gateway {
     }
 }
 
-/// Refuses a request whose body two readers could frame differently, which a proxy must not
-/// forward as it came (RFC 9112 section 6, RFC 9110 section 8.6): `Content-Length` given twice
-/// or as a list, and a transfer coding other than one `chunked` (the gateway decodes no other,
-/// and would forward the body without it). Refuses an HTTP/1.1 request without `Host` too
-/// (RFC 9112 section 3.2). pingora has already refused differing lengths, and dropped
-/// `Content-Length` beside `Transfer-Encoding`, closing the connection after the answer.
-fn check_framing(request: &RequestHeader) -> std::result::Result<(), &'static str> {
-    use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
-    let headers = &request.headers;
-    let mut lengths = headers.get_all(CONTENT_LENGTH).iter();
-    if let Some(length) = lengths.next()
-        && (lengths.next().is_some() || length.as_bytes().contains(&b','))
-    {
-        return Err("a request gives its Content-Length once, as one number");
-    }
-    let mut codings = headers.get_all(TRANSFER_ENCODING).iter();
-    if let Some(coding) = codings.next()
-        && (codings.next().is_some()
-            || !coding
-                .as_bytes()
-                .trim_ascii()
-                .eq_ignore_ascii_case(b"chunked"))
-    {
-        return Err("the only Transfer-Encoding the gateway accepts is one chunked coding");
-    }
-    if request.version == http::Version::HTTP_11 && !headers.contains_key(HOST) {
-        return Err("an HTTP/1.1 request needs a Host header");
-    }
-    Ok(())
+/// What one pass over a request's headers found, for the refusals that read them all.
+#[derive(Debug, Default, Clone, Copy)]
+struct HeaderScan {
+    /// How many headers.
+    count: usize,
+    /// The bytes of their names and values.
+    bytes: usize,
+    /// `Content-Length` values, each of a list counted.
+    lengths: usize,
+    /// `Transfer-Encoding` lines.
+    codings: usize,
+    /// Whether each of those is exactly `chunked`.
+    only_chunked: bool,
+    /// Whether there is a `Host`.
+    host: bool,
+    /// Whether some name has a `_` (see [`headers::drop_aliases`]).
+    underscores: bool,
 }
 
-/// Refuses requests with more headers, or more header bytes, than are forwarded.
-fn check_headers(request: &RequestHeader, settings: &Settings) -> std::result::Result<(), String> {
-    if request.headers.len() > MAX_HEADERS {
-        return Err(format!("a request may carry at most {MAX_HEADERS} headers"));
+impl HeaderScan {
+    fn of(request: &RequestHeader) -> HeaderScan {
+        use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+        let mut scan = HeaderScan {
+            count: request.headers.len(),
+            only_chunked: true,
+            ..HeaderScan::default()
+        };
+        for (name, value) in &request.headers {
+            let name_bytes = name.as_str().as_bytes();
+            scan.bytes += name_bytes.len() + value.len();
+            scan.underscores |= name_bytes.contains(&b'_');
+            if name == CONTENT_LENGTH {
+                scan.lengths += 1 + value.as_bytes().iter().filter(|&&b| b == b',').count();
+            } else if name == TRANSFER_ENCODING {
+                scan.codings += 1;
+                scan.only_chunked &= value
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"chunked");
+            } else if name == HOST {
+                scan.host = true;
+            }
+        }
+        scan
     }
-    let bytes: usize = request
-        .headers
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len())
-        .sum();
-    if bytes > settings.max_header_bytes {
-        return Err(format!(
-            "the request headers are larger than {} bytes",
-            settings.max_header_bytes
-        ));
+
+    /// Refuses a body two readers could frame differently, which a proxy must not forward as it
+    /// came (RFC 9112 section 6, RFC 9110 section 8.6): `Content-Length` given twice or as a
+    /// list, and a transfer coding other than one `chunked` (the gateway decodes no other, and
+    /// would forward the body without it). Refuses an HTTP/1.1 request without `Host` too
+    /// (RFC 9112 section 3.2). pingora has already refused differing lengths, and dropped
+    /// `Content-Length` beside `Transfer-Encoding`, closing the connection after the answer.
+    fn framing(&self, version: http::Version) -> std::result::Result<(), &'static str> {
+        if self.lengths > 1 {
+            return Err("a request gives its Content-Length once, as one number");
+        }
+        if self.codings > 1 || !self.only_chunked {
+            return Err("the only Transfer-Encoding the gateway accepts is one chunked coding");
+        }
+        if version == http::Version::HTTP_11 && !self.host {
+            return Err("an HTTP/1.1 request needs a Host header");
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Refuses more headers, or more header bytes, than are forwarded.
+    fn size(&self, settings: &Settings) -> std::result::Result<(), String> {
+        if self.count > MAX_HEADERS {
+            return Err(format!("a request may carry at most {MAX_HEADERS} headers"));
+        }
+        if self.bytes > settings.max_header_bytes {
+            return Err(format!(
+                "the request headers are larger than {} bytes",
+                settings.max_header_bytes
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The body length `request` declares (`Content-Length`), if it declares one that parses.

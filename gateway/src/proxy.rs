@@ -7,7 +7,9 @@
 //! request_filter          the request's head is in: the header timeout stops →
 //!                         client address (trusted proxies) → public pages (docs, OpenAPI) →
 //!                         body framing and Host unambiguous (400, connection closed) →
-//!                         path normalized (400) → route looked up → CORS preflight (204) →
+//!                         path normalized, headers within limits (400), the client's `_`
+//!                         spellings of the headers set upstream dropped →
+//!                         route looked up → CORS preflight (204) →
 //!                         key checked (401 / 429 too_many_auth_failures) → /v1/rate_limit →
 //!                         limits (429, or 503 with fallback = deny) → no route (404) →
 //!                         past sunset (410) → declared body too large (413)
@@ -17,9 +19,9 @@
 //! error_while_proxy       a new connection closed unanswered → idempotent requests likewise;
 //!                         a head that met a reset → any request (nothing was sent)
 //! upstream_request_filter drop Authorization; add X-Request-Id, X-Forwarded-For,
-//!                         X-Api-Key-Id, X-Api-Plan, dropping the client's spellings of them
-//!                         with `_` (pingora itself drops hop-by-hop headers and those the
-//!                         client's Connection header names)
+//!                         X-Api-Key-Id, X-Api-Plan (the client's spellings of them with `_`
+//!                         were dropped in request_filter; pingora itself drops hop-by-hop
+//!                         headers and those the client's Connection header names)
 //! response_filter         rate-limit, request-id, CORS and deprecation headers (not on an
 //!                         interim `100 Continue`, which leaves the connection reusable)
 //! fail_to_proxy           upstream unreachable → 502, too slow → 504 (JSON, same headers)
@@ -417,7 +419,6 @@ impl ProxyHttp for Gateway {
         let forwarded = HeaderValue::try_from(TrustedProxies::forward(ctx.client, received))
             .or_err(ErrorType::InvalidHTTPHeader, "X-Forwarded-For")?;
         upstream.remove_header(&http::header::AUTHORIZATION);
-        headers::drop_aliases(upstream);
         headers::with_request_headers(upstream, ctx.settings.header_case, |headers| {
             headers.insert(&X_REQUEST_ID, ctx.request_id.header())?;
             headers.insert(&X_FORWARDED_FOR, forwarded)?;
