@@ -511,12 +511,12 @@ async fn a_body_framed_ambiguously_is_refused_and_its_connection_closed() {
 }
 
 /// The answer to `request` on a new connection, and whether the gateway closed the connection
-/// after it (rather than leaving it open for 10 s).
+/// after it (rather than leaving it open for 20 s).
 fn answer_and_close(addr: std::net::SocketAddr, request: &str) -> (String, bool) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     stream.write_all(request.as_bytes()).unwrap();
     let mut answer = Vec::new();
@@ -1500,13 +1500,5 @@ fn statuses(answers: &str) -> Vec<&str> {
 
 /// The whole answer to `request` on a fresh connection, as text.
 fn raw_answer(addr: std::net::SocketAddr, request: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    String::from_utf8_lossy(&answer).into_owned()
+    answer_and_close(addr, request).0
 }
