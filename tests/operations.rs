@@ -173,7 +173,8 @@ async fn bad_keys(stack: &Stack, c: &reqwest::Client, xff: &str, n: usize) -> u1
 
 /// Behind a trusted load balancer each client has its own failed-auth budget; from anyone
 /// else `X-Forwarded-For` is not believed, so it cannot be used to dodge the budget. Upstream,
-/// the client address as the gateway judged it is appended.
+/// the client address as the gateway judged it is appended to a trusted proxy's header, and
+/// replaces anyone else's.
 #[tokio::test]
 async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
     let c = client();
@@ -213,7 +214,8 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
     );
     stack.proc.wait_log(r#""client":"198.51.100.8""#); // the access log names the client
 
-    // Not trusted (the default): the header changes nothing, and upstream never sees it.
+    // Not trusted (the default): the header changes nothing, and upstream never sees it: the
+    // peer is the client, alone, so an upstream reading the leftmost entry is not fooled.
     let dir = tempfile::tempdir().unwrap();
     let stack = Stack::start_with_text(
         dir.path(),
@@ -243,7 +245,7 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
         .unwrap();
     let echo: Value = r.json().await.unwrap();
     assert_eq!(
-        echo["headers"]["x-forwarded-for"], "1.2.3.4, 127.0.0.1",
-        "the peer is the client, appended"
+        echo["headers"]["x-forwarded-for"], "127.0.0.1",
+        "the peer is the client, alone"
     );
 }

@@ -7,9 +7,11 @@
 //! dodge the failed-authentication budget. That address is the one the budget, the access log
 //! and metrics use.
 //!
-//! Upstream, the gateway appends that same address to the `X-Forwarded-For` it received (as
-//! nginx does with its realip module), so the rightmost entry an upstream sees is the client as
-//! the gateway judged it.
+//! Upstream, the gateway appends that same address to the `X-Forwarded-For` it received from a
+//! trusted proxy (as nginx does with its realip module), so the rightmost entry an upstream sees
+//! is the client as the gateway judged it. From any other peer the header it sent is dropped and
+//! the upstream gets the peer's address alone (as Caddy and Traefik do): an upstream that reads
+//! the leftmost entry, as many do, is not fooled by a chain the client wrote.
 
 use std::net::IpAddr;
 
@@ -59,9 +61,10 @@ impl TrustedProxies {
         peer
     }
 
-    /// The `X-Forwarded-For` to send upstream: what was `received`, then the `client`.
-    pub fn forward(client: IpAddr, received: Option<&str>) -> String {
-        let earlier = received.filter(|r| !r.trim().is_empty());
+    /// The `X-Forwarded-For` to send upstream for a request from `peer` whose client is
+    /// `client`: what was `received`, if `peer` is trusted, then the `client`.
+    pub fn forward(&self, peer: IpAddr, client: IpAddr, received: Option<&str>) -> String {
+        let earlier = received.filter(|r| !r.trim().is_empty() && self.trusts(peer));
         let mut text = String::with_capacity(earlier.map_or(0, |e| e.len() + 2) + 15);
         if let Some(earlier) = earlier {
             text.push_str(earlier);
@@ -151,21 +154,31 @@ mod tests {
     }
 
     #[test]
-    fn upstream_sees_the_client_appended() {
-        let forward = TrustedProxies::forward;
+    fn upstream_sees_the_client_appended_to_what_a_trusted_proxy_sent() {
+        let lb = TrustedProxies::parse(&["10.0.0.0/8".to_owned()]).unwrap();
+        let forward = |client, received| lb.forward(ip("10.0.0.1"), ip(client), received);
         assert_eq!(
-            forward(ip("203.0.113.9"), Some("203.0.113.9")),
+            forward("203.0.113.9", Some("203.0.113.9")),
             "203.0.113.9, 203.0.113.9"
         );
         assert_eq!(
-            forward(ip("198.51.100.4"), Some("1.2.3.4")),
+            forward("198.51.100.4", Some("1.2.3.4")),
             "1.2.3.4, 198.51.100.4"
         );
-        assert_eq!(forward(ip("10.0.0.2"), None), "10.0.0.2");
-        assert_eq!(forward(ip("10.0.0.2"), Some(" ")), "10.0.0.2");
+        assert_eq!(forward("10.0.0.2", None), "10.0.0.2");
+        assert_eq!(forward("10.0.0.2", Some(" ")), "10.0.0.2");
         assert_eq!(
-            forward(ip("2001:db8::1"), Some("10.0.0.1")),
+            forward("2001:db8::1", Some("10.0.0.1")),
             "10.0.0.1, 2001:db8::1"
+        );
+        // What a peer that is not trusted sent is not passed on.
+        assert_eq!(
+            lb.forward(ip("192.0.2.1"), ip("192.0.2.1"), Some("1.2.3.4")),
+            "192.0.2.1"
+        );
+        assert_eq!(
+            TrustedProxies::default().forward(ip("10.0.0.1"), ip("10.0.0.1"), Some("1.2.3.4")),
+            "10.0.0.1"
         );
     }
 

@@ -46,7 +46,6 @@ use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 use crate::access_log::{self, AccessLog};
 use crate::admission::{Admission, declared_length};
 use crate::auth::FailureBudget;
-use crate::client::TrustedProxies;
 use crate::cors::{Cors, CorsPolicy};
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, client_went_away, respond};
@@ -408,7 +407,7 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
@@ -416,7 +415,11 @@ impl ProxyHttp for Gateway {
             .headers
             .get(&X_FORWARDED_FOR.parsed)
             .and_then(|v| v.to_str().ok());
-        let forwarded = HeaderValue::try_from(TrustedProxies::forward(ctx.client, received))
+        let forwarded =
+            ctx.settings
+                .trusted_proxies
+                .forward(peer_ip(session), ctx.client, received);
+        let forwarded = HeaderValue::try_from(forwarded)
             .or_err(ErrorType::InvalidHTTPHeader, "X-Forwarded-For")?;
         upstream.remove_header(&http::header::AUTHORIZATION);
         headers::with_request_headers(upstream, ctx.settings.header_case, |headers| {
