@@ -48,15 +48,17 @@ impl Gateway {
         let settings = ctx.settings.clone();
         let ip = ctx.client;
         let scan = HeaderScan::of(session.req_header());
-        if let Err(why) = scan.framing(session.req_header().version) {
+        let framing = scan.framing(session.req_header().version);
+        if framing.is_err() {
             // Whatever read the request before the gateway may have framed it otherwise: nothing
             // more is read from this connection.
             session.set_keepalive(None);
-            ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));
-            return Err(GatewayError::new(ErrorCode::InvalidRequest, why));
         }
-        let unroutable = self.normalize(session).map_err(str::to_owned);
-        if let Err(why) = unroutable.and_then(|()| scan.size(&settings)) {
+        let refused = framing
+            .and_then(|()| self.normalize(session))
+            .map_err(str::to_owned)
+            .and_then(|()| scan.size(&settings));
+        if let Err(why) = refused {
             ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));
             return Err(GatewayError::new(ErrorCode::InvalidRequest, why));
         }
