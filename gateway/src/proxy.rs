@@ -18,7 +18,8 @@
 //! fail_to_connect         a pool instance refused the connection → retried once elsewhere
 //! error_while_proxy       a new connection closed unanswered → idempotent requests likewise;
 //!                         a head that met a reset → any request (nothing was sent)
-//! upstream_request_filter drop Authorization; add X-Request-Id, X-Forwarded-For,
+//! upstream_request_filter drop Authorization; add X-Request-Id, X-Forwarded-For (the
+//!                         client, after a trusted proxy's chain; alone from anyone else),
 //!                         X-Api-Key-Id, X-Api-Plan (the client's spellings of them with `_`
 //!                         were dropped in request_filter; pingora itself drops hop-by-hop
 //!                         headers and those the client's Connection header names)
