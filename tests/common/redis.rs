@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_addr;
+use super::{START_ATTEMPTS, free_addr};
 
 const INSTALL: &str = "redis-server and redis-cli are needed for this test: \
                        apt-get install -y redis-server redis-tools";
@@ -40,26 +40,50 @@ impl RedisServer {
 
     /// A server with more `redis-server` arguments.
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        Self::start_at(free_addr(), extra)
+        Self::start_fresh(|| extra.iter().map(|s| (*s).to_owned()).collect())
+    }
+
+    /// A server on a fresh port, with `extra()` as more arguments (which may name fresh ports of
+    /// their own, as a cluster bus port). Started again on other ports when one was taken by a
+    /// test running beside this one between [`free_addr`] handing it out and Redis binding it.
+    fn start_fresh(extra: impl Fn() -> Vec<String>) -> RedisServer {
+        for _ in 0..START_ATTEMPTS {
+            let mut server = Self::new(free_addr(), extra());
+            if server.launch() {
+                return server;
+            }
+        }
+        panic!("redis-server found a port taken in each of {START_ATTEMPTS} starts");
     }
 
     /// A server on `addr` (one a gateway was told about before Redis was there).
     pub fn start_at(addr: SocketAddr, extra: &[&str]) -> RedisServer {
-        require("redis-server");
-        let tmp = tempfile::tempdir().unwrap();
-        let mut server = RedisServer {
-            child: None,
-            addr,
-            dir: tmp.path().to_owned(),
-            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
-            _tmp: Some(tmp),
-        };
-        server.launch();
+        let mut server = Self::new(addr, extra.iter().map(|s| (*s).to_owned()).collect());
+        assert!(
+            server.launch(),
+            "{addr} was taken before redis-server could bind it"
+        );
         server
     }
 
-    fn launch(&mut self) {
-        let log = std::fs::File::create(self.dir.join("redis.log")).unwrap();
+    fn new(addr: SocketAddr, extra: Vec<String>) -> RedisServer {
+        require("redis-server");
+        let tmp = tempfile::tempdir().unwrap();
+        RedisServer {
+            child: None,
+            addr,
+            dir: tmp.path().to_owned(),
+            extra,
+            _tmp: Some(tmp),
+        }
+    }
+
+    /// Starts `redis-server` and waits until it answers `PING`. `false` when it exited because a
+    /// port it was given is in use; any other early exit, or no answer in 20 s, fails the test
+    /// with Redis's own log.
+    fn launch(&mut self) -> bool {
+        let log_path = self.dir.join("redis.log");
+        let log = std::fs::File::create(&log_path).unwrap();
         let child = Command::new("redis-server")
             .args([
                 "--bind",
@@ -81,8 +105,29 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start redis-server: {e}. {INSTALL}"));
-        self.child = Some(child);
-        wait_pong(self.addr);
+        let child = self.child.insert(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !pong(self.addr) {
+            let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = log();
+                if log.contains("Address already in use") {
+                    return false;
+                }
+                panic!(
+                    "redis-server on {} exited early with {status}:\n{log}",
+                    self.addr
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not answer PING within 20 s:\n{}",
+                self.addr,
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
     }
 
     pub fn url(&self) -> String {
@@ -100,7 +145,11 @@ impl RedisServer {
     /// Starts it again on the same port and directory (with what its append-only file kept).
     pub fn restart(&mut self) {
         self.kill();
-        self.launch();
+        assert!(
+            self.launch(),
+            "{} was taken before redis-server could bind it again",
+            self.addr
+        );
     }
 
     /// Runs `redis-cli` against this server; returns its stdout.
@@ -121,23 +170,14 @@ impl Drop for RedisServer {
     }
 }
 
-/// Waits until a Redis answers `PING` on `addr`.
-fn wait_pong(addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
-            let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-            let mut buf = [0u8; 7];
-            if s.write_all(b"PING\r\n").is_ok()
-                && s.read_exact(&mut buf).is_ok()
-                && &buf == b"+PONG\r\n"
-            {
-                return;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("redis-server on {addr} did not answer PING within 20 s");
+/// Whether a Redis answers `PING` on `addr` now.
+fn pong(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 7];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
 /// A Redis Cluster of three masters on loopback, slots spread by `redis-cli --cluster create`.
@@ -150,17 +190,21 @@ impl RedisCluster {
         require("redis-cli");
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
-                let bus = free_addr().port().to_string();
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-port",
-                    &bus,
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
+                RedisServer::start_fresh(|| {
+                    let bus = free_addr().port().to_string();
+                    [
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-port",
+                        &bus,
+                        "--cluster-node-timeout",
+                        "2000",
+                    ]
+                    .map(str::to_owned)
+                    .to_vec()
+                })
             })
             .collect();
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr.to_string()).collect();
