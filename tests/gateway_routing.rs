@@ -276,7 +276,8 @@ async fn the_header_timeout_ends_when_the_head_is_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backend_down_gives_502_then_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
+    // The data directory `GatewayOnly::start` gives a gateway named "gw"; the backend shares it.
+    let data = dir.path().join("gateway-gw");
     let config = common::shipped_config();
     let (code, key, _) = common::cli(&[
         "keys",
@@ -291,24 +292,8 @@ async fn the_backend_down_gives_502_then_recovers() {
     assert_eq!(code, 0);
     let key = key.trim().to_owned();
     let backend_addr = common::free_addr();
-    let (listen, admin) = (common::free_addr(), common::free_addr());
-    let mut gateway = common::Proc::start(
-        &[
-            "gateway",
-            "--config",
-            config.to_str().unwrap(),
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--listen",
-            &listen.to_string(),
-            "--admin-listen",
-            &admin.to_string(),
-            "--backend-listen",
-            &backend_addr.to_string(),
-        ],
-        dir.path().join("gateway.log"),
-    );
-    common::wait_for_port(listen, &mut gateway.child);
+    let mut gateway = common::GatewayOnly::start(dir.path(), "gw", &config, backend_addr, &[]);
+    let listen = gateway.listen;
     let c = client();
     let url = format!("http://{listen}/v1/pets");
     assert_error(
@@ -355,7 +340,7 @@ async fn the_backend_down_gives_502_then_recovers() {
             200
         );
     }
-    assert_eq!(gateway.terminate(), Some(0));
+    assert_eq!(gateway.proc.terminate(), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

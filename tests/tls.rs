@@ -19,22 +19,7 @@ fn tls_stack(dir: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
 
 /// As [`tls_stack`], with the configuration file `config`.
 fn tls_stack_with(dir: &Path, config: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
-    let tls = free_addr();
-    let tls_s = tls.to_string();
-    let mut stack = Stack::start_with_args(
-        dir,
-        config,
-        &[
-            "--tls-listen",
-            &tls_s,
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-    );
-    common::wait_for_port(tls, &mut stack.proc.child);
-    (stack, tls)
+    Stack::start_tls(dir, config, cert, key)
 }
 
 /// The contract's headers a response carries, by name, for comparing protocols.

@@ -47,15 +47,15 @@ pub fn wait_for_port(addr: SocketAddr, child: &mut Child) {
 /// taken by another test before the server could bind it.
 const START_ATTEMPTS: usize = 5;
 
-/// Waits until `proc` listens on every one of `addrs`: its log says so (`http://<addr>`) and a
-/// connection is accepted there. `false` when it exited because one of them was taken meanwhile
-/// (the window between [`free_addr`] releasing a port and the server binding it, in which a test
-/// running beside this one may take it), so that the caller starts it again on other ports.
-/// Any other early exit fails the test.
+/// Waits until `proc` listens on every one of `addrs`: its log says so (`http://<addr>` or
+/// `https://<addr>`) and a connection is accepted there. `false` when it exited because one of
+/// them was taken meanwhile (the window between [`free_addr`] releasing a port and the server
+/// binding it, in which a test running beside this one may take it), so that the caller starts
+/// it again on other ports. Any other early exit fails the test.
 fn listening(proc: &mut Proc, addrs: &[SocketAddr]) -> bool {
     for addr in addrs {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let said = format!("http://{addr}");
+        let said = format!("://{addr}");
         while !proc.log_text().contains(&said)
             || TcpStream::connect_timeout(addr, Duration::from_millis(200)).is_err()
         {
@@ -330,29 +330,30 @@ impl Stack {
         config
     }
 
+    /// A stack over a fresh data directory in `dir`, with the configuration file `config`.
     pub fn start_with(dir: &Path, config: &Path) -> Stack {
-        Self::start_with_args(dir, config, &[])
-    }
-
-    /// A stack over a fresh data directory with more `serve` flags.
-    pub fn start_with_args(dir: &Path, config: &Path, extra: &[&str]) -> Stack {
         let data_dir = dir.join("data");
         // Issue a key first, so that `serve` does not print a first-run key.
         Self::key_in(&data_dir, config, &["--plan", "pro", "--name", "setup"]);
-        Self::launch_with(dir, data_dir, config, extra)
+        Self::launch(dir, data_dir, config)
+    }
+
+    /// A stack over a fresh data directory that also serves HTTPS, with `cert` and `key`, on a
+    /// fresh port; returns that address too.
+    pub fn start_tls(dir: &Path, config: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
+        let data_dir = dir.join("data");
+        // As in `start_with`: no first-run key.
+        Self::key_in(&data_dir, config, &["--plan", "pro", "--name", "setup"]);
+        let (stack, tls) = Self::launch_ports(None, dir, data_dir, config, &[], Some((cert, key)));
+        (stack, tls.unwrap())
     }
 
     /// `serve` over `data_dir` exactly as it is (an empty one gets a first-run key).
     pub fn launch(dir: &Path, data_dir: PathBuf, config: &Path) -> Stack {
-        Self::launch_with(dir, data_dir, config, &[])
+        Self::launch_after(None, dir, data_dir, config, &[])
     }
 
-    /// `serve` over `data_dir` with more flags (e.g. `--tls-listen`).
-    pub fn launch_with(dir: &Path, data_dir: PathBuf, config: &Path, extra: &[&str]) -> Stack {
-        Self::launch_after(None, dir, data_dir, config, extra)
-    }
-
-    /// As [`Stack::launch_with`], `serve` started after `shell` ([`Proc::start_after`]).
+    /// `serve` over `data_dir` with more flags, started after `shell` ([`Proc::start_after`]).
     pub fn launch_after(
         shell: Option<&str>,
         dir: &Path,
@@ -360,28 +361,60 @@ impl Stack {
         config: &Path,
         extra: &[&str],
     ) -> Stack {
+        Self::launch_ports(shell, dir, data_dir, config, extra, None).0
+    }
+
+    /// As [`Stack::launch_after`], serving HTTPS too with `tls` (certificate and key files) on a
+    /// port of its own, whose address is returned. Every port is fresh, and all are chosen again
+    /// when one was taken.
+    fn launch_ports(
+        shell: Option<&str>,
+        dir: &Path,
+        data_dir: PathBuf,
+        config: &Path,
+        extra: &[&str],
+        tls: Option<(&Path, &Path)>,
+    ) -> (Stack, Option<SocketAddr>) {
         for _ in 0..START_ATTEMPTS {
             let (listen, backend, admin) = (free_addr(), free_addr(), free_addr());
-            let (listen_s, backend_s, admin_s) =
-                (listen.to_string(), backend.to_string(), admin.to_string());
-            let mut args = vec![
+            let mut args: Vec<String> = [
                 "serve",
                 "--config",
                 config.to_str().unwrap(),
                 "--data-dir",
                 data_dir.to_str().unwrap(),
                 "--listen",
-                &listen_s,
+                &listen.to_string(),
                 "--backend-listen",
-                &backend_s,
+                &backend.to_string(),
                 "--admin-listen",
-                &admin_s,
-            ];
-            args.extend_from_slice(extra);
+                &admin.to_string(),
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            let mut addrs = vec![listen, admin, backend];
+            let tls_listen = tls.map(|(cert, key)| {
+                let addr = free_addr();
+                args.extend(
+                    [
+                        "--tls-listen",
+                        &addr.to_string(),
+                        "--tls-cert",
+                        cert.to_str().unwrap(),
+                        "--tls-key",
+                        key.to_str().unwrap(),
+                    ]
+                    .map(str::to_owned),
+                );
+                addrs.push(addr);
+                addr
+            });
+            args.extend(extra.iter().map(|s| (*s).to_owned()));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let log = dir.join(format!("serve-{}.log", listen.port()));
             let mut proc = Proc::start_after(shell, &args, log);
-            if listening(&mut proc, &[listen, admin, backend]) {
-                return Stack {
+            if listening(&mut proc, &addrs) {
+                let stack = Stack {
                     proc,
                     listen,
                     backend,
@@ -389,6 +422,7 @@ impl Stack {
                     data_dir,
                     config: config.to_owned(),
                 };
+                return (stack, tls_listen);
             }
         }
         panic!("serve found a port taken in each of {START_ATTEMPTS} starts");
