@@ -1355,6 +1355,20 @@ fn a_kept_admin_connection_reads_stopping_when_shutdown_begins() {
 /// An upstream that answers every request with a header in mixed case and hands back the head
 /// of each request it received, as the bytes that arrived.
 fn raw_upstream() -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
+    scripted_upstream(|_| {
+        (
+            b"HTTP/1.1 200 Fine Thanks\r\nX-Upstream-Thing: Yes\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]".to_vec(),
+            Duration::ZERO,
+        )
+    })
+}
+
+/// An upstream that writes `answer(head)` for each request head it reads (given as the bytes
+/// that arrived), waits as long as that says, then closes the connection; it hands back each
+/// head too.
+fn scripted_upstream(
+    answer: fn(&str) -> (Vec<u8>, Duration),
+) -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -1372,14 +1386,122 @@ fn raw_upstream() -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
                     }
                     head.push(byte[0]);
                 }
-                let _ = heads.send(String::from_utf8_lossy(&head).into_owned());
-                let _ = stream.write_all(
-                    b"HTTP/1.1 200 Fine Thanks\r\nX-Upstream-Thing: Yes\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]",
-                );
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let (bytes, hold) = answer(&head);
+                let _ = heads.send(head);
+                let _ = stream.write_all(&bytes);
+                std::thread::sleep(hold);
             });
         }
     });
     (addr, received)
+}
+
+/// An upstream whose response breaks off before its end: if none of it has reached the client
+/// (its head with `Content-Length` waits for the body, and the body is short), the client gets
+/// the contract's 502, or 504 if the upstream stalls instead, never an empty reply. Once some
+/// of it has left, the connection closes with the response cut short, as the client can tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_the_upstream_breaks_off_before_the_client_has_any_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, _heads) = scripted_upstream(|head| {
+        let path = head.split(' ').nth(1).unwrap_or_default();
+        let json = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n";
+        let (answer, hold) = match path {
+            "/v1/store/cut" => (format!("{json}Content-Length: 10\r\n\r\n[1,"), 0),
+            "/v1/store/stall" => (format!("{json}Content-Length: 10\r\n\r\n[1,"), 3000),
+            "/v1/store/long-cut" => (
+                format!(
+                    "{json}Content-Length: 100000\r\n\r\n[{}",
+                    "1,".repeat(10_000)
+                ),
+                0,
+            ),
+            "/v1/store/chunked-cut" => (
+                format!("{json}Transfer-Encoding: chunked\r\n\r\n3\r\n[1,\r\n"),
+                0,
+            ),
+            _ => (format!("{json}Content-Length: 2\r\n\r\n[]"), 0),
+        };
+        (answer.into_bytes(), Duration::from_millis(hold))
+    });
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!(
+            "{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store\"\nupstream = \"{upstream}\"\ntimeout_ms = 1000\n"
+        ),
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let get = |path: &str, keep_alive: bool| {
+        let connection = if keep_alive { "keep-alive" } else { "close" };
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: {connection}\r\n\r\n"
+        )
+    };
+
+    for (path, status, code) in [
+        ("/v1/store/cut", "502 Bad Gateway", "bad_gateway"),
+        ("/v1/store/stall", "504 Gateway Timeout", "gateway_timeout"),
+    ] {
+        // Asked to keep the connection, the gateway answers and closes it all the same.
+        let (answer, closed) = answer_and_close(stack.listen, &get(path, true));
+        assert!(closed, "{path}: the connection is closed after the error");
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status}\r\n")),
+            "{path}: {answer}"
+        );
+        for line in [
+            "Content-Type: application/json",
+            "Connection: close",
+            "X-RateLimit-Limit: 300",
+            "X-Request-Id: ",
+        ] {
+            assert!(head.contains(line), "{path}: {line} in {head}");
+        }
+        let body: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["code"], code, "{path}");
+        assert_eq!(
+            common::metric(
+                stack.admin,
+                &format!(
+                    r#"gateway_responses_total{{method="GET",outcome="{code}",route="/v1/store",status="{}"}}"#,
+                    &status[..3]
+                )
+            ),
+            Some(1.0),
+            "{path}: counted as the gateway's answer"
+        );
+    }
+
+    // Some of it reached the client: it is cut short where it broke off, and its length says so.
+    let (answer, closed) = answer_and_close(stack.listen, &get("/v1/store/long-cut", true));
+    assert!(closed);
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer:.200}");
+    assert!(
+        answer.contains("Content-Length: 100000\r\n"),
+        "{answer:.300}"
+    );
+    let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(body.len() < 100_000, "{}", body.len());
+    // A chunked response's head leaves at once; without its last chunk, it is incomplete.
+    let (answer, closed) = answer_and_close(stack.listen, &get("/v1/store/chunked-cut", true));
+    assert!(closed);
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(!answer.ends_with("0\r\n\r\n"), "{answer}");
+
+    // On a connection whose first response was whole, the next one is taken back too.
+    let (answer, closed) = answer_and_close(
+        stack.listen,
+        &(get("/v1/store/fine", true) + &get("/v1/store/cut", true)),
+    );
+    assert!(closed);
+    let (first, second) = answer.split_once("\r\n\r\n[]").unwrap();
+    assert!(first.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(
+        second.starts_with("HTTP/1.1 502 Bad Gateway\r\n"),
+        "{answer}"
+    );
 }
 
 /// `gateway.header_case`: `preserve` writes header names as they came and the gateway's own as

@@ -15,14 +15,21 @@
 //! whether the gateway has the request being served ([`ClientStream::expect_request`],
 //! [`ClientStream::mark_answering`]); a response that starts while it does not is pingora's own,
 //! and is replaced with the contract's JSON error ([`crate::errors::refusal_before_proxy`]).
+//!
+//! The same gathering lets the gateway take a response back. pingora writes a response's head
+//! before its body has arrived, and leaves a head with `Content-Length` unflushed; an upstream that
+//! then closes or stalls mid-body would leave the client with nothing at all, not even the head.
+//! While no byte of the response has left, the gateway replaces it with its own error
+//! ([`ClientStream::retract`]).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use async_trait::async_trait;
 use pingora::protocols::raw_connect::ProxyDigest;
 use pingora::protocols::tls::{SslDigest, TlsRef};
@@ -50,8 +57,13 @@ pub struct ClientStream {
     /// On an HTTP/1 connection, the requests read behind the one being served.
     heads: Option<Heads>,
     /// Who answers the request being served: [`GATEWAY`], [`PINGORA`] until the gateway's proxy
-    /// has it, or [`REPLACED`] once pingora's own answer has been replaced.
+    /// has it, [`RETRACTED`] when the gateway takes back the response being written, or
+    /// [`REPLACED`] once pingora's answer has been replaced.
     answering: AtomicU8,
+    /// Whether any byte of the response to the request being served has left for the client.
+    sent: AtomicBool,
+    /// What replaces the response being written, once it is [`RETRACTED`].
+    retraction: ArcSwapOption<Vec<u8>>,
 }
 
 /// The gateway's proxy has the request (and every connection it does not drive, e.g. HTTP/2).
@@ -60,6 +72,9 @@ const GATEWAY: u8 = 0;
 const PINGORA: u8 = 1;
 /// pingora's answer was replaced by the gateway's: what pingora writes after it is dropped.
 const REPLACED: u8 = 2;
+/// The gateway took back the response being written: what was gathered of it is dropped for
+/// [`ClientStream::retraction`], and so is what pingora writes after it.
+const RETRACTED: u8 = 3;
 
 impl ClientStream {
     /// Buffers the writes to `inner`, whose own write buffer should be off; over HTTP/1 (no
@@ -72,6 +87,8 @@ impl ClientStream {
             written: 0,
             heads: http1.then(Heads::default),
             answering: AtomicU8::new(GATEWAY),
+            sent: AtomicBool::new(false),
+            retraction: ArcSwapOption::empty(),
         })
     }
 
@@ -80,6 +97,7 @@ impl ClientStream {
     pub fn expect_request(stream: &Stream) {
         if let Some(stream) = stream.as_any().downcast_ref::<ClientStream>() {
             stream.answering.store(PINGORA, Ordering::Relaxed);
+            stream.sent.store(false, Ordering::Relaxed);
         }
     }
 
@@ -87,15 +105,47 @@ impl ClientStream {
     pub fn mark_answering(stream: &Stream) {
         if let Some(stream) = stream.as_any().downcast_ref::<ClientStream>() {
             stream.answering.store(GATEWAY, Ordering::Relaxed);
+            stream.sent.store(false, Ordering::Relaxed);
         }
     }
 
-    /// Takes the first write of a response that only pingora has seen the request of: its
-    /// status line says which refusal it is, and the gateway's version of it is gathered instead.
-    /// Whatever pingora writes after it (its empty body) is dropped.
-    fn replace_refusal(&mut self, data: &[u8]) {
+    /// Takes back the response being written on `stream` if none of it has left yet: `response`
+    /// (a whole HTTP/1.1 response) is written in its place at the next flush, and whatever
+    /// pingora writes after it is dropped. `false` when some of it has left, or when `stream`
+    /// is not a gathering one (an HTTP/2 connection's streams are not written here).
+    pub fn retract(stream: &Stream, response: Vec<u8>) -> bool {
+        if !Self::unsent(stream) {
+            return false;
+        }
+        let Some(stream) = stream.as_any().downcast_ref::<ClientStream>() else {
+            return false;
+        };
+        stream.retraction.store(Some(Arc::new(response)));
+        stream.answering.store(RETRACTED, Ordering::Relaxed);
+        true
+    }
+
+    /// Whether `stream` is an HTTP/1 connection that gathers writes and no byte of the response
+    /// being written has left it, so that [`ClientStream::retract`] would take it back.
+    pub fn unsent(stream: &Stream) -> bool {
+        stream
+            .as_any()
+            .downcast_ref::<ClientStream>()
+            .is_some_and(|s| s.heads.is_some() && !s.sent.load(Ordering::Relaxed))
+    }
+
+    /// Puts the gateway's answer in place of pingora's writes, if one is due: a retraction, or,
+    /// for the first write of a response that only pingora has seen the request of, the
+    /// gateway's version of the refusal its status line names. Whatever pingora writes after it
+    /// is dropped.
+    fn replace(&mut self, data: &[u8]) {
         let state = self.answering.get_mut();
-        if *state == PINGORA {
+        if *state == RETRACTED {
+            let response = self.retraction.swap(None).map(Arc::unwrap_or_clone);
+            self.buf = response.unwrap_or_default();
+            self.written = 0;
+            *state = REPLACED;
+        } else if *state == PINGORA {
             let status = data
                 .get(9..12)
                 .filter(|_| data.starts_with(b"HTTP/1."))
@@ -113,12 +163,16 @@ impl ClientStream {
 
     /// Writes what is buffered to `inner`, then gives the buffer back.
     fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if *self.answering.get_mut() == RETRACTED {
+            self.replace(&[]);
+        }
         while self.written < self.buf.len() {
             let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.buf[self.written..]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.written += n;
+            *self.sent.get_mut() = true;
         }
         self.buf = Vec::new();
         self.written = 0;
@@ -134,7 +188,7 @@ impl AsyncWrite for ClientStream {
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         if *this.answering.get_mut() != GATEWAY {
-            this.replace_refusal(data);
+            this.replace(data);
             if *this.answering.get_mut() == REPLACED {
                 return Poll::Ready(Ok(data.len()));
             }
@@ -143,6 +197,7 @@ impl AsyncWrite for ClientStream {
             ready!(this.poll_write_out(cx))?;
         }
         if data.len() >= CAPACITY {
+            *this.sent.get_mut() = true;
             return Pin::new(&mut this.inner).poll_write(cx, data);
         }
         if this.buf.capacity() == 0 {
@@ -272,6 +327,8 @@ mod tests {
             written: 0,
             heads: None,
             answering: AtomicU8::new(GATEWAY),
+            sent: AtomicBool::new(false),
+            retraction: ArcSwapOption::empty(),
         };
         (stream, theirs)
     }
@@ -344,6 +401,45 @@ mod tests {
         stream.write_all(own).await.unwrap();
         stream.flush().await.unwrap();
         assert_eq!(received(&mut peer).await, own);
+    }
+
+    #[tokio::test]
+    async fn a_response_is_taken_back_until_some_of_it_has_left() {
+        let (mut stream, mut peer) = buffered();
+        stream.heads = Some(Heads::default());
+        let mut stream: Stream = Box::new(stream);
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n")
+            .await
+            .unwrap();
+        stream.write_all(b"[1,").await.unwrap();
+        assert!(ClientStream::retract(
+            &stream,
+            b"HTTP/1.1 502 Bad Gateway\r\n\r\n".to_vec()
+        ));
+        // What pingora writes after it is dropped.
+        stream.write_all(b"2]").await.unwrap();
+        Shutdown::shutdown(&mut *stream).await;
+        assert_eq!(
+            received(&mut peer).await,
+            b"HTTP/1.1 502 Bad Gateway\r\n\r\n"
+        );
+
+        let (mut stream, mut peer) = buffered();
+        stream.heads = Some(Heads::default());
+        let mut stream: Stream = Box::new(stream);
+        stream.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+        stream.flush().await.unwrap();
+        assert!(!ClientStream::retract(
+            &stream,
+            b"HTTP/1.1 502 Bad Gateway\r\n\r\n".to_vec()
+        ));
+        stream.write_all(b"[]").await.unwrap();
+        stream.flush().await.unwrap();
+        assert_eq!(received(&mut peer).await, b"HTTP/1.1 200 OK\r\n\r\n[]");
+        // The next request's response can be taken back again.
+        ClientStream::mark_answering(&stream);
+        assert!(ClientStream::unsent(&stream));
     }
 
     #[tokio::test]

@@ -4,9 +4,11 @@
 use animal_store_contract::{ErrorBody, ErrorCode, JSON_CONTENT_TYPE};
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
+use pingora::protocols::http::date::get_cached_date;
 use pingora::{Error, ErrorSource, ErrorType};
 use pingora_proxy::Session;
 
+use crate::client_stream::ClientStream;
 use crate::proxy::Ctx;
 use crate::request_id::RequestId;
 use crate::{headers, metrics};
@@ -129,6 +131,13 @@ pub async fn respond(
     ctx: &mut Ctx,
     error: GatewayError,
 ) -> pingora::Result<()> {
+    let (response, body) = error_response(ctx, error)?;
+    send(session, ctx, response, JSON_CONTENT_TYPE, body).await
+}
+
+/// The head (without the headers [`complete`] adds) and body of `error`'s response. Records
+/// the error in `ctx`.
+fn error_response(ctx: &mut Ctx, error: GatewayError) -> pingora::Result<(ResponseHeader, Bytes)> {
     let body = Bytes::from(error.body());
     let mut response = ResponseHeader::build(error.code.status(), Some(10))?;
     if error.code == ErrorCode::Unauthorized {
@@ -141,7 +150,7 @@ pub async fn respond(
         response.insert_header("Allow", methods)?;
     }
     ctx.error_code = Some(error.code);
-    send(session, ctx, response, JSON_CONTENT_TYPE, body).await
+    Ok((response, body))
 }
 
 /// Sends a complete response the gateway wrote itself: sets the body's type and length (keep-
@@ -153,12 +162,7 @@ pub async fn send(
     content_type: &str,
     body: Bytes,
 ) -> pingora::Result<()> {
-    if response.status != http::StatusCode::NO_CONTENT {
-        response.insert_header("Content-Type", content_type)?;
-        response.insert_header("Content-Length", body.len())?;
-    }
-    headers::decorate(&mut response, ctx, session.is_http2())?;
-    ctx.status = response.status.as_u16();
+    complete(&mut response, ctx, session.is_http2(), content_type, &body)?;
     // The answer to HEAD is GET's head alone. pingora leaves the body out over HTTP/1.1 but not
     // over HTTP/2, where a body after HEAD is a protocol error that fails the client's stream.
     let head_only = session.req_header().method == http::Method::HEAD;
@@ -169,6 +173,67 @@ pub async fn send(
         return Ok(());
     }
     session.write_response_body(Some(body), true).await
+}
+
+/// Adds to the head of a response the gateway wrote itself the body's type and length, and
+/// every header the public listener's responses carry. Records the status in `ctx`.
+fn complete(
+    response: &mut ResponseHeader,
+    ctx: &mut Ctx,
+    http2: bool,
+    content_type: &str,
+    body: &[u8],
+) -> pingora::Result<()> {
+    if response.status != http::StatusCode::NO_CONTENT {
+        response.insert_header("Content-Type", content_type)?;
+        response.insert_header("Content-Length", body.len())?;
+    }
+    headers::decorate(response, ctx, http2)?;
+    ctx.status = response.status.as_u16();
+    Ok(())
+}
+
+/// Answers `error` in place of a response pingora has begun but none of which has left the
+/// gateway (an upstream that closed or stalled mid-body, before the client had a byte of it;
+/// see [`ClientStream::retract`]), then closes the connection. `false`, and nothing written, if
+/// some of it has left, or over HTTP/2, whose streams the gateway does not gather.
+pub async fn retract(session: &mut Session, ctx: &mut Ctx, error: GatewayError) -> bool {
+    let Some(stream) = session.as_downstream().stream() else {
+        return false;
+    };
+    if session.is_http2() || !ClientStream::unsent(stream) {
+        return false;
+    }
+    let Ok(wire) = retraction(session, ctx, error) else {
+        return false;
+    };
+    if !ClientStream::retract(stream, wire) {
+        return false;
+    }
+    session.set_keepalive(None);
+    // Writes what replaced the response, and closes.
+    session.as_downstream_mut().shutdown().await;
+    true
+}
+
+/// `error`'s whole HTTP/1.1 response, as [`respond`] would have sent it, and `Connection: close`.
+fn retraction(session: &Session, ctx: &mut Ctx, error: GatewayError) -> pingora::Result<Vec<u8>> {
+    let (mut response, body) = error_response(ctx, error)?;
+    complete(&mut response, ctx, false, JSON_CONTENT_TYPE, &body)?;
+    response.insert_header(http::header::DATE, get_cached_date())?;
+    response.insert_header(http::header::CONNECTION, "close")?;
+    let mut wire = Vec::with_capacity(512 + body.len());
+    wire.extend_from_slice(b"HTTP/1.1 ");
+    wire.extend_from_slice(response.status.as_str().as_bytes());
+    wire.push(b' ');
+    wire.extend_from_slice(response.get_reason_phrase().unwrap_or_default().as_bytes());
+    wire.extend_from_slice(b"\r\n");
+    response.header_to_h1_wire(&mut wire);
+    wire.extend_from_slice(b"\r\n");
+    if session.req_header().method != http::Method::HEAD {
+        wire.extend_from_slice(&body);
+    }
+    Ok(wire)
 }
 
 /// The error for a request that is not valid HTTP/1.1, on either listener.
@@ -211,7 +276,7 @@ pub fn refusal_before_proxy(status: u16) -> Option<Vec<u8>> {
         .ok()
         .and_then(|s| s.canonical_reason())
         .unwrap_or_default();
-    let date = pingora::protocols::http::date::get_cached_date();
+    let date = get_cached_date();
     let mut response = format!(
         "HTTP/1.1 {status} {reason}\r\n{allow}Content-Type: {JSON_CONTENT_TYPE}\r\n\
          Content-Length: {}\r\nX-Request-Id: {}\r\nDate: ",

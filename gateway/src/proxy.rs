@@ -25,7 +25,8 @@
 //!                         headers and those the client's Connection header names)
 //! response_filter         rate-limit, request-id, CORS and deprecation headers (not on an
 //!                         interim `100 Continue`, which leaves the connection reusable)
-//! fail_to_proxy           upstream unreachable → 502, too slow → 504 (JSON, same headers)
+//! fail_to_proxy           upstream unreachable → 502, too slow → 504 (JSON, same headers);
+//!                         also in place of a response it broke off before any of it left
 //! logging                 metrics and the access log (key id only, never the key)
 //! ```
 
@@ -49,7 +50,7 @@ use crate::admission::{Admission, declared_length};
 use crate::auth::FailureBudget;
 use crate::cors::{Cors, CorsPolicy};
 use crate::deprecation::Deprecation;
-use crate::errors::{GatewayError, client_went_away, respond};
+use crate::errors::{GatewayError, client_went_away, respond, retract};
 use crate::headers::{self, RateHeaders, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID};
 use crate::keyring::Keyring;
 use crate::keys::ActiveKey;
@@ -167,7 +168,7 @@ pub struct Ctx {
     pub rate: Option<RateHeaders>,
     /// Set on a deprecated operation.
     pub deprecation: Option<Arc<Deprecation>>,
-    /// Status of the gateway's own answer, for logging.
+    /// Status of the gateway's own answer, for logging; 0 when it gave none.
     pub status: u16,
     /// Code of the gateway's own error answer, for metrics.
     pub error_code: Option<ErrorCode>,
@@ -480,19 +481,23 @@ impl ProxyHttp for Gateway {
             None => log::debug!("request {}: the client went away: {e}", ctx.request_id),
         }
         let mut code = 0;
-        if let Some(error) = answer
-            && final_response(session).is_none()
-        {
-            code = error.code.status();
-            // pingora will not reuse this connection; say so, or the client sends its next
-            // request into a closed socket.
-            session.set_keepalive(None);
-            match respond(session, ctx, error).await {
-                Ok(()) => linger(session).await,
-                Err(write_error) => log::debug!(
-                    "request {}: could not send the error: {write_error}",
-                    ctx.request_id
-                ),
+        if let Some(error) = answer {
+            let status = error.code.status();
+            if final_response(session).is_none() {
+                code = status;
+                // pingora will not reuse this connection; say so, or the client sends its next
+                // request into a closed socket.
+                session.set_keepalive(None);
+                match respond(session, ctx, error).await {
+                    Ok(()) => linger(session).await,
+                    Err(write_error) => log::debug!(
+                        "request {}: could not send the error: {write_error}",
+                        ctx.request_id
+                    ),
+                }
+            } else if retract(session, ctx, error).await {
+                // The upstream's response began but none of it reached the client.
+                code = status;
             }
         }
         FailToProxy {
@@ -531,7 +536,12 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        let status = final_response(session).map_or(ctx.status, |r| r.status.as_u16());
+        // The gateway's own answer, if it gave one: it may have replaced a response that pingora
+        // had begun (`retract`).
+        let status = match ctx.status {
+            0 => final_response(session).map_or(0, |r| r.status.as_u16()),
+            own => own,
+        };
         let outcome = match (ctx.error_code, ctx.answered, e) {
             (Some(code), _, _) => code.as_str(),
             (None, Some(_), _) => "answered",
