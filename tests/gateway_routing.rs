@@ -1260,6 +1260,73 @@ fn slow_request_heads_and_silent_connections_are_closed() {
     );
 }
 
+/// A request body that stops arriving is the client's silence: when the route's timeout passes
+/// with the upstream still waiting for it, the connection is closed without an answer and
+/// counted as a client timeout, not answered 504 as if the upstream were slow. A body sent
+/// slowly but steadily, for longer than that timeout in all, is forwarded and answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_that_stops_arriving_is_a_client_timeout_not_a_504() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let orders = TestUpstream::start(Duration::ZERO).await;
+    let stack = Stack::start_with_text(dir.path(), &orders_route(&orders, "timeout_ms = 1000"));
+    let key = stack.key(&["--plan", "pro"]);
+    let head = format!(
+        "POST /v1/store/orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 20\r\n\r\n"
+    );
+
+    let mut stalled = tokio::net::TcpStream::connect(stack.listen).await.unwrap();
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    stalled.write_all(b"[1,2,").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stalled.read_to_end(&mut answer))
+        .await
+        .expect("closed by the gateway")
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&answer), "", "no answer");
+    let series = |outcome: &str, status: &str| {
+        format!(
+            r#"gateway_responses_total{{method="POST",outcome="{outcome}",route="/v1/store/orders",status="{status}"}}"#
+        )
+    };
+    assert_eq!(
+        common::metric(stack.admin, "gateway_client_timeouts_total{phase=\"body\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        common::metric(stack.admin, &series("client_timeout", "none")),
+        Some(1.0)
+    );
+    assert_eq!(
+        common::metric(stack.admin, &series("gateway_timeout", "504")),
+        None
+    );
+    assert!(
+        !stack.proc.log_text().contains("WARN"),
+        "{}",
+        stack.proc.log_text()
+    );
+
+    // Twenty bytes, one every 100 ms: two seconds in all, twice the route's timeout.
+    let mut steady = tokio::net::TcpStream::connect(stack.listen).await.unwrap();
+    steady.write_all(head.as_bytes()).await.unwrap();
+    for byte in b"[1,2,3,4,5,6,7,8,9 ]" {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        steady.write_all(&[*byte]).await.unwrap();
+    }
+    let mut answer = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(20), steady.read(&mut answer))
+        .await
+        .expect("answered")
+        .unwrap();
+    assert!(
+        answer[..n].starts_with(b"HTTP/1.1 200 "),
+        "{:?}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    assert_eq!(orders.hits(), 1, "only the whole body reached the upstream");
+}
+
 /// The admin port bounds its connections as the public port does: a trickled request head is
 /// closed at `header_timeout_seconds`, a silent connection at `keepalive_timeout_seconds`. The
 /// API's metrics count neither these connections nor their timeouts.

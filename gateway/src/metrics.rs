@@ -251,7 +251,7 @@ pub static CLIENT_TIMEOUTS: Lazy<IntCounterVec> = Lazy::new(|| {
         IntCounterVec::new(
             Opts::new(
                 "gateway_client_timeouts_total",
-                "Client connections closed for silence between requests (idle) or a slow request head (header)",
+                "Client connections closed for silence between requests (idle), a slow request head (header) or a request body that stopped arriving (body)",
             ),
             &["phase"],
         )
@@ -301,7 +301,7 @@ pub fn render() -> Vec<u8> {
     for result in ["ok", "error"] {
         RELOADS.with_label_values(&[result]);
     }
-    for phase in ["idle", "header"] {
+    for phase in ["idle", "header", "body"] {
         CLIENT_TIMEOUTS.with_label_values(&[phase]);
     }
     let mut out = Vec::new();

@@ -42,7 +42,7 @@ use http::{HeaderValue, StatusCode};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::protocols::http::v1::common::is_expect_continue_req;
-use pingora::{Error, ErrorType, OrErr, Result, RetryType};
+use pingora::{Error, ErrorSource, ErrorType, OrErr, Result, RetryType};
 use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
 use crate::access_log::{self, AccessLog};
@@ -116,6 +116,17 @@ async fn discard_small_body(session: &mut Session) {
     discard_body(session, DISCARD_FIRST_TIME, DISCARD_FIRST_BYTES).await;
 }
 
+/// Whether `e`, the upstream's silence past the route's timeout, came while the client had not
+/// sent the whole request body and no response had begun: the upstream was waiting for the
+/// client. pingora restarts that timeout with each piece of the body it forwards, so a body sent
+/// slowly but steadily is not this; one that stopped for the whole timeout is.
+fn body_stalled(session: &mut Session, e: &Error) -> bool {
+    e.etype == ErrorType::ReadTimedout
+        && e.esource == ErrorSource::Upstream
+        && final_response(session).is_none()
+        && !session.is_body_done()
+}
+
 /// The response written to the client, if any: an interim `100 Continue` is not one.
 fn final_response(session: &Session) -> Option<&ResponseHeader> {
     session
@@ -182,6 +193,8 @@ pub struct Ctx {
     /// as it appears in metrics and the access log.
     pub answered: Option<&'static str>,
     upstream_started: Option<Instant>,
+    /// The request's body stopped arriving while the upstream waited for it.
+    body_stalled: bool,
     pub(crate) key: Option<Arc<ActiveKey>>,
     pub(crate) route: Option<Arc<Route>>,
     body_bytes: u64,
@@ -205,6 +218,7 @@ impl Ctx {
             instance: None,
             unreachable: None,
             upstream_started: None,
+            body_stalled: false,
             key: None,
             route: None,
             body_bytes: 0,
@@ -216,6 +230,10 @@ impl Ctx {
 /// The outcome of a request whose client went away before its response was complete, in
 /// metrics and the access log (nginx logs such a request with its status 499).
 const CLIENT_CLOSED: &str = "client_closed";
+
+/// The outcome of a request whose body stopped arriving for the route's timeout: its connection
+/// is closed without an answer (nginx logs such a request with its status 408).
+const CLIENT_TIMEOUT: &str = "client_timeout";
 
 /// The gateway's state shared by all requests.
 pub struct Gateway {
@@ -460,6 +478,17 @@ impl ProxyHttp for Gateway {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        // A client's silence, not the upstream's: closed without an answer, as a slow request
+        // head is, rather than a 504 that blames the upstream.
+        if body_stalled(session, e) {
+            ctx.body_stalled = true;
+            metrics::CLIENT_TIMEOUTS.with_label_values(&["body"]).inc();
+            log::debug!("request {}: its body stopped arriving: {e}", ctx.request_id);
+            return FailToProxy {
+                error_code: 0,
+                can_reuse_downstream: false,
+            };
+        }
         let answer = GatewayError::from_proxy_error(e, ctx.settings.max_body_bytes);
         match &answer {
             Some(error) if error.code == ErrorCode::InternalError => {
@@ -545,6 +574,7 @@ impl ProxyHttp for Gateway {
         let outcome = match (ctx.error_code, ctx.answered, e) {
             (Some(code), _, _) => code.as_str(),
             (None, Some(_), _) => "answered",
+            (None, None, _) if ctx.body_stalled => CLIENT_TIMEOUT,
             (None, None, Some(e)) if client_went_away(e) => CLIENT_CLOSED,
             (None, None, _) => "proxied",
         };
@@ -580,7 +610,7 @@ impl ProxyHttp for Gateway {
                     upstream: ctx.instance.filter(|_| forwarded).map(|i| i.to_string()),
                     status,
                     latency_ms: elapsed.as_secs_f64() * 1000.0,
-                    decision: if outcome == "proxied" || outcome == CLIENT_CLOSED {
+                    decision: if ["proxied", CLIENT_CLOSED, CLIENT_TIMEOUT].contains(&outcome) {
                         "admitted"
                     } else {
                         outcome
