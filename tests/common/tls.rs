@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, date_time_ymd};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, date_time_ymd,
+};
 
 /// A certificate authority that exists only for one test.
 pub struct TestCa {
@@ -14,6 +16,9 @@ impl TestCa {
     pub fn new() -> TestCa {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "Animal Store test CA");
         TestCa {
             issuer: CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap(),
         }
@@ -29,6 +34,9 @@ impl TestCa {
     pub fn leaf(&self, dir: &Path, name: &str, expired: bool) -> (PathBuf, PathBuf) {
         let mut params =
             CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+        // A name of its own: OpenSSL (as in redis-cli) takes a leaf named as its issuer for a
+        // self-signed certificate.
+        params.distinguished_name.push(DnType::CommonName, name);
         if expired {
             params.not_before = date_time_ymd(2020, 1, 1);
             params.not_after = date_time_ymd(2021, 1, 1);
