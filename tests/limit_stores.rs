@@ -11,7 +11,7 @@ use animal_store_gateway::bans::BanPolicy;
 use animal_store_gateway::keys::KeyId;
 use animal_store_gateway::limits::{DAY_MS, Decision, MINUTE_MS, Verdict};
 use animal_store_gateway::plans::Limits;
-use animal_store_gateway::redis_conn::RedisHub;
+use animal_store_gateway::redis_conn::{RedisHub, RedisTarget};
 use animal_store_gateway::store::{EmbeddedStore, Fallback, RedisStore};
 use common::redis::{RedisCluster, RedisServer};
 
@@ -205,7 +205,7 @@ fn the_embedded_store_follows_the_table() {
 }
 
 fn redis_store(url: &str) -> Arc<RedisStore> {
-    let hub = RedisHub::start(vec![url.to_owned()]).unwrap();
+    let hub = RedisHub::start(RedisTarget::new(vec![url.to_owned()])).unwrap();
     let store = RedisStore::start(hub, std::time::Duration::from_secs(2), Fallback::Deny);
     assert!(store.is_up(), "the store reached {url}");
     store

@@ -810,11 +810,11 @@ async fn key_records_redis_lost_are_written_back_by_a_running_gateway() {
 #[test]
 fn a_restore_writes_missing_records_and_never_undoes_a_revocation() {
     use animal_store_gateway::keys::KeyRecord;
-    use animal_store_gateway::redis_conn::RedisHub;
+    use animal_store_gateway::redis_conn::{RedisHub, RedisTarget};
     use animal_store_gateway::redis_keys::RedisKeyStore;
 
     let redis = RedisServer::start();
-    let hub = RedisHub::start(vec![redis.url()]).unwrap();
+    let hub = RedisHub::start(RedisTarget::new(vec![redis.url()])).unwrap();
     let store = RedisKeyStore::new(hub.clone());
     let record = |id: &str, revoked: Option<u64>| KeyRecord {
         id: id.to_owned(),
@@ -921,4 +921,96 @@ async fn a_gateway_started_after_redis_lost_its_data_does_not_restore() {
         Some(0.0)
     );
     assert_eq!(redis.cli(&["hlen", "as:{keys}"]).trim(), "0");
+}
+
+/// Redis over TLS: with `rediss://` and `gateway.redis.ca`, `keys create` and two gateways verify
+/// Redis's certificate against that CA and keep keys and limits there, exactly. With a CA that
+/// did not sign it, `keys` makes no connection and says why; `check-config` refuses a CA for
+/// plain `redis://` URLs, which would never use it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_is_verified_against_the_configured_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = common::tls::TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "redis", false);
+    let ca_file = ca.write_pem(dir.path());
+    let redis = RedisServer::start_tls(&ca_file, &cert, &key);
+    let url = redis.url();
+    assert!(url.starts_with("rediss://"));
+    let redis_table = |ca: &Path| {
+        format!(
+            "[gateway.redis]\ntimeout_ms = 5000\nca = \"{}\"",
+            ca.display()
+        )
+    };
+    let config = config(dir.path(), &redis_table(&ca_file));
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let a = GatewayOnly::start(
+        dir.path(),
+        "a",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+    let b = GatewayOnly::start(
+        dir.path(),
+        "b",
+        &config,
+        backend.addr,
+        &["--redis-url", &url],
+    );
+    let key = enterprise(dir.path(), &config, &url, 3);
+    a.wait_keys(1);
+    b.wait_keys(1);
+    let statuses = burst(&[&a, &b], &key, 6).await;
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert!(
+        redis.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap() > 0,
+        "the key and its counts are in Redis"
+    );
+
+    let other_dir = dir.path().join("other");
+    std::fs::create_dir(&other_dir).unwrap();
+    let other_ca = common::tls::TestCa::new().write_pem(&other_dir);
+    let other_config = dir.path().join("other.toml");
+    std::fs::write(
+        &other_config,
+        format!("[gateway]\n{}\n{PETS_ROUTE}", redis_table(&other_ca)),
+    )
+    .unwrap();
+    let (code, _, stderr) = cli(&[
+        "keys",
+        "create",
+        "--plan",
+        "free",
+        "--config",
+        other_config.to_str().unwrap(),
+        "--data-dir",
+        dir.path().join("cli-other").to_str().unwrap(),
+        "--redis-url",
+        &url,
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("certificate"), "{stderr}");
+
+    let plain = dir.path().join("plain.toml");
+    std::fs::write(
+        &plain,
+        format!(
+            "[gateway.redis]\nurl = \"redis://127.0.0.1:6379\"\nca = \"{}\"\n",
+            ca_file.display()
+        ),
+    )
+    .unwrap();
+    let (code, _, stderr) = cli(&["check-config", plain.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("gateway.redis.ca"), "{stderr}");
 }

@@ -153,11 +153,15 @@ pub struct RedisConfig {
     pub timeout_ms: NonZeroU64,
     /// While Redis cannot decide: `local` (this gateway's share of each limit), `allow`, `deny`.
     pub fallback: Fallback,
+    /// With `rediss://` URLs: a PEM file of CA certificates to verify Redis with, instead of the
+    /// system's roots.
+    pub ca: Option<std::path::PathBuf>,
 }
 
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
+            ca: None,
             url: None,
             timeout_ms: NonZeroU64::new(DEFAULT_TIMEOUT_MS).expect("non-zero"),
             fallback: Fallback::Local,

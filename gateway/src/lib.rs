@@ -130,7 +130,7 @@ const SNAPSHOT_INTERVAL: Duration = Duration::from_secs(1);
 pub fn key_source(settings: &Settings, data_dir: &Path) -> Result<KeySource, StartError> {
     Ok(match &settings.redis {
         Some(redis) => KeySource::Redis {
-            store: RedisKeyStore::new(RedisHub::start(redis.urls.clone())?),
+            store: RedisKeyStore::new(RedisHub::start(redis.target.clone())?),
             cache: KeyStore::at(data_dir.join(REDIS_CACHE_FILE)),
         },
         None => KeySource::File(KeyStore::new(data_dir)),
@@ -404,7 +404,7 @@ fn keep_restart_only(old: &Settings, fresh: &mut Settings) {
     if fresh.tls.as_ref().map(|t| t.0) != old.tls.as_ref().map(|t| t.0) {
         ignored.push("tls.listen");
     }
-    if fresh.redis.as_ref().map(|r| &r.urls) != old.redis.as_ref().map(|r| &r.urls) {
+    if fresh.redis.as_ref().map(|r| &r.target) != old.redis.as_ref().map(|r| &r.target) {
         ignored.push("redis");
     }
     if fresh.auth_failures_per_minute != old.auth_failures_per_minute

@@ -1,7 +1,8 @@
 //! Connections to Redis, a single server or a cluster, told apart by asking the server.
 //!
 //! `gateway.redis.url` (or `--redis-url`) is one `redis://host:port[/db]` URL or a
-//! comma-separated list of seed nodes. The first node that answers says whether it runs in
+//! comma-separated list of seed nodes; `rediss://` speaks TLS, verifying Redis's certificate
+//! against the system's roots or `gateway.redis.ca_file`. The first node that answers says whether it runs in
 //! cluster mode (`INFO cluster`); the gateway then opens either one multiplexed connection that
 //! reconnects by itself (`ConnectionManager`) or a cluster connection that follows slot moves.
 //! Both pipeline every request of every thread over few sockets, which is what a pool is for.
@@ -20,7 +21,7 @@ use once_cell::sync::OnceCell;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisFuture, TlsCertificates, Value};
 
 /// Why Redis could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,33 @@ pub enum RedisError {
 impl From<redis::RedisError> for RedisError {
     fn from(e: redis::RedisError) -> Self {
         RedisError::Command(e.to_string())
+    }
+}
+
+/// Where Redis is: the seed URLs, and the CA certificates (PEM) that sign its certificate when
+/// they are `rediss://`, if not the system's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisTarget {
+    /// `redis://` or `rediss://` URLs, one or several seed nodes.
+    pub urls: Vec<String>,
+    /// PEM CA certificates for `rediss://` URLs; `None`: the system's roots.
+    pub ca: Option<Vec<u8>>,
+}
+
+impl RedisTarget {
+    /// Seed URLs whose certificates, if they speak TLS, the system's roots verify.
+    pub fn new(urls: Vec<String>) -> RedisTarget {
+        RedisTarget { urls, ca: None }
+    }
+
+    /// The certificates a TLS connection to `url` verifies Redis against: `None` for the
+    /// system's roots (or no TLS).
+    fn certs(&self, url: &str) -> Option<TlsCertificates> {
+        let ca = self.ca.as_ref().filter(|_| url.starts_with("rediss://"))?;
+        Some(TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca.clone()),
+        })
     }
 }
 
@@ -90,11 +118,12 @@ pub enum RedisConn {
 }
 
 impl RedisConn {
-    /// Connects to the first of `urls` that answers within `timeout` and detects a cluster.
-    pub async fn connect(urls: &[String], timeout: Duration) -> Result<RedisConn, RedisError> {
+    /// Connects to the first seed of `target` that answers within `timeout` and detects a
+    /// cluster.
+    pub async fn connect(target: &RedisTarget, timeout: Duration) -> Result<RedisConn, RedisError> {
         let mut last = None;
-        for url in urls {
-            match within(timeout, Self::connect_one(urls, url, timeout)).await {
+        for url in &target.urls {
+            match within(timeout, Self::connect_one(target, url, timeout)).await {
                 Ok(conn) => return Ok(conn),
                 Err(e) => last = Some(e),
             }
@@ -103,22 +132,29 @@ impl RedisConn {
     }
 
     async fn connect_one(
-        urls: &[String],
+        target: &RedisTarget,
         url: &str,
         timeout: Duration,
     ) -> Result<RedisConn, RedisError> {
-        let client = redis::Client::open(url)?;
+        let certs = target.certs(url);
+        let client = match certs.clone() {
+            Some(certs) => redis::Client::build_with_tls(url, certs)?,
+            None => redis::Client::open(url)?,
+        };
         let mut probe = client.get_multiplexed_async_connection().await?;
         let info: String = redis::cmd("INFO")
             .arg("cluster")
             .query_async(&mut probe)
             .await?;
         if info.contains("cluster_enabled:1") {
-            let cluster = ClusterClient::builder(urls.to_vec())
+            let mut builder = ClusterClient::builder(target.urls.clone())
                 .connection_timeout(timeout)
                 .response_timeout(CALLER_BOUNDS_COMMANDS)
-                .retries(1)
-                .build()?;
+                .retries(1);
+            if let Some(certs) = certs {
+                builder = builder.certs(certs);
+            }
+            let cluster = builder.build()?;
             return Ok(RedisConn::Cluster(cluster.get_async_connection().await?));
         }
         let config = ConnectionManagerConfig::new()
@@ -150,7 +186,7 @@ const CALLER_BOUNDS_COMMANDS: Duration = Duration::from_secs(60);
 /// first used them (pingora gives each service its own runtime), and the command line, which
 /// has no runtime, borrows this one.
 pub struct RedisHub {
-    urls: Vec<String>,
+    target: RedisTarget,
     /// Always `Some` until dropped; see the `Drop` impl.
     runtime: Option<tokio::runtime::Runtime>,
     conn: OnceCell<RedisConn>,
@@ -189,9 +225,9 @@ impl Drop for RedisHub {
 }
 
 impl RedisHub {
-    /// A hub for `urls`; tries to connect now, for at most [`CONNECT_TIMEOUT`], and returns
+    /// A hub for `target`; tries to connect now, for at most [`CONNECT_TIMEOUT`], and returns
     /// either way (see [`RedisHub::conn`]).
-    pub fn start(urls: Vec<String>) -> Result<Arc<RedisHub>, RedisError> {
+    pub fn start(target: RedisTarget) -> Result<Arc<RedisHub>, RedisError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("redis-io")
@@ -199,7 +235,7 @@ impl RedisHub {
             .build()
             .map_err(|e| RedisError::Command(format!("cannot start its runtime: {e}")))?;
         let hub = Arc::new(RedisHub {
-            urls,
+            target,
             runtime: Some(runtime),
             conn: OnceCell::new(),
             id: NEXT_HUB.fetch_add(1, Ordering::Relaxed),
@@ -247,9 +283,9 @@ impl RedisHub {
                 conn: conn.clone(),
                 started: Instant::now(),
             });
-            let urls = self.urls.clone();
+            let target = self.target.clone();
             runtime.spawn(async move {
-                match RedisConn::connect(&urls, CONNECT_TIMEOUT).await {
+                match RedisConn::connect(&target, CONNECT_TIMEOUT).await {
                     Ok(made) => drop(conn.set(made)),
                     Err(e) => log::debug!("redis: a thread's own connection failed: {e}"),
                 }
@@ -271,7 +307,7 @@ impl RedisHub {
         if let Some(conn) = self.conn.get() {
             return Ok(conn.clone());
         }
-        let conn = RedisConn::connect(&self.urls, CONNECT_TIMEOUT).await?;
+        let conn = RedisConn::connect(&self.target, CONNECT_TIMEOUT).await?;
         let kind = if conn.is_cluster() {
             "cluster"
         } else {
@@ -297,7 +333,8 @@ impl RedisHub {
 
     /// The seed URLs, without passwords.
     pub fn describe(&self) -> String {
-        self.urls
+        self.target
+            .urls
             .iter()
             .map(|u| redact(u))
             .collect::<Vec<_>>()

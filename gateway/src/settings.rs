@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ use crate::deprecation::Deprecation;
 use crate::headers::HeaderCase;
 use crate::metrics;
 use crate::plans::{MAX_LIMIT, Plans};
+use crate::redis_conn::RedisTarget;
 use crate::routes::{Pool, Route, Routes, Upstream, UpstreamTls, normalize_path};
 use crate::store::Fallback;
 use crate::tls::TlsFiles;
@@ -77,12 +79,26 @@ pub struct Settings {
 /// Validated `[gateway.redis]`.
 #[derive(Debug, Clone)]
 pub struct RedisSettings {
-    /// Seed URLs.
-    pub urls: Vec<String>,
+    /// Seed URLs, and the CA that verifies them over TLS.
+    pub target: RedisTarget,
     /// Time a limit decision may take in Redis.
     pub timeout: Duration,
     /// What to do without Redis.
     pub fallback: Fallback,
+}
+
+/// The seed URLs of `url`, and the CA certificates of `ca`, which only `rediss://` URLs use.
+/// An error names the setting at fault (`url: ...` or `ca: ...`).
+fn redis_target(url: &str, ca: Option<&Path>) -> Result<RedisTarget, String> {
+    let urls = crate::redis_conn::parse_urls(url).map_err(|e| format!("url: {e}"))?;
+    let ca = match ca {
+        None => None,
+        Some(_) if !urls.iter().all(|u| u.starts_with("rediss://")) => {
+            return Err("ca: applies only to rediss:// URLs (TLS), and url has others".to_owned());
+        }
+        Some(path) => Some(crate::tls::ca_pem(path).map_err(|e| format!("ca: {e}"))?),
+    };
+    Ok(RedisTarget { urls, ca })
 }
 
 impl Settings {
@@ -111,8 +127,8 @@ impl Settings {
         let redis = match &config.redis.url {
             None => None,
             Some(text) => Some(RedisSettings {
-                urls: crate::redis_conn::parse_urls(text)
-                    .map_err(|e| format!("gateway.redis.url: {e}"))?,
+                target: redis_target(text, config.redis.ca.as_deref())
+                    .map_err(|e| format!("gateway.redis.{e}"))?,
                 timeout: Duration::from_millis(config.redis.timeout_ms.get()),
                 fallback: config.redis.fallback,
             }),

@@ -134,6 +134,22 @@ fn check_validity(path: &Path, leaf: &CertificateDer<'_>, now: SystemTime) -> Re
 
 /// The CA certificates in a PEM file, for verifying a route's upstream.
 pub fn load_ca(path: &Path) -> Result<Vec<pingora::utils::tls::WrappedX509>, TlsError> {
+    Ok(read_ca(path)?
+        .1
+        .into_iter()
+        .map(|der| {
+            pingora::utils::tls::WrappedX509::new(der.to_vec(), pingora::utils::tls::parse_x509)
+        })
+        .collect())
+}
+
+/// A PEM file of CA certificates, checked, as the file's bytes (for a client that reads PEM).
+pub fn ca_pem(path: &Path) -> Result<Vec<u8>, TlsError> {
+    Ok(read_ca(path)?.0)
+}
+
+/// A PEM file of CA certificates: its bytes, and the certificates, each checked to parse.
+fn read_ca(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), TlsError> {
     let pem = std::fs::read(path).map_err(|e| error(path, format!("cannot read it: {e}")))?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
@@ -141,17 +157,11 @@ pub fn load_ca(path: &Path) -> Result<Vec<pingora::utils::tls::WrappedX509>, Tls
     if certs.is_empty() {
         return Err(error(path, "no certificate in it"));
     }
-    certs
-        .into_iter()
-        .map(|der| {
-            x509_parser::parse_x509_certificate(&der)
-                .map_err(|e| error(path, format!("a certificate does not parse: {e}")))?;
-            Ok(pingora::utils::tls::WrappedX509::new(
-                der.to_vec(),
-                pingora::utils::tls::parse_x509,
-            ))
-        })
-        .collect()
+    for der in &certs {
+        x509_parser::parse_x509_certificate(der)
+            .map_err(|e| error(path, format!("a certificate does not parse: {e}")))?;
+    }
+    Ok((pem, certs))
 }
 
 /// The certificate the TLS listener presents, swappable while it runs.

@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,17 @@ pub struct RedisServer {
     pub addr: SocketAddr,
     dir: PathBuf,
     extra: Vec<String>,
+    /// Set for a server that speaks only TLS.
+    tls: Option<RedisTls>,
     _tmp: Option<tempfile::TempDir>,
+}
+
+/// The files of a Redis that speaks only TLS: its certificate chain and key, and the CA that
+/// signed them (which `redis-cli` trusts).
+struct RedisTls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
 }
 
 impl RedisServer {
@@ -47,8 +57,28 @@ impl RedisServer {
     /// their own, as a cluster bus port). Started again on other ports when one was taken by a
     /// test running beside this one between [`free_addr`] handing it out and Redis binding it.
     fn start_fresh(extra: impl Fn() -> Vec<String>) -> RedisServer {
+        Self::start_fresh_with(extra, || None)
+    }
+
+    /// A server that speaks only TLS (`rediss://`), presenting `cert` (a chain) and `key`, which
+    /// `ca` signed.
+    pub fn start_tls(ca: &Path, cert: &Path, key: &Path) -> RedisServer {
+        Self::start_fresh_with(Vec::new, || {
+            Some(RedisTls {
+                ca: ca.to_owned(),
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+            })
+        })
+    }
+
+    fn start_fresh_with(
+        extra: impl Fn() -> Vec<String>,
+        tls: impl Fn() -> Option<RedisTls>,
+    ) -> RedisServer {
         for _ in 0..START_ATTEMPTS {
             let mut server = Self::new(free_addr(), extra());
+            server.tls = tls();
             if server.launch() {
                 return server;
             }
@@ -74,6 +104,7 @@ impl RedisServer {
             addr,
             dir: tmp.path().to_owned(),
             extra,
+            tls: None,
             _tmp: Some(tmp),
         }
     }
@@ -84,13 +115,27 @@ impl RedisServer {
     fn launch(&mut self) -> bool {
         let log_path = self.dir.join("redis.log");
         let log = std::fs::File::create(&log_path).unwrap();
-        let child = Command::new("redis-server")
-            .args([
-                "--bind",
-                "127.0.0.1",
+        let port = self.addr.port().to_string();
+        let ports: Vec<&str> = match &self.tls {
+            None => vec!["--port", &port],
+            Some(tls) => vec![
                 "--port",
-                &self.addr.port().to_string(),
-            ])
+                "0",
+                "--tls-port",
+                &port,
+                "--tls-cert-file",
+                tls.cert.to_str().unwrap(),
+                "--tls-key-file",
+                tls.key.to_str().unwrap(),
+                "--tls-ca-cert-file",
+                tls.ca.to_str().unwrap(),
+                "--tls-auth-clients",
+                "no",
+            ],
+        };
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1"])
+            .args(ports)
             .args(["--dir", self.dir.to_str().unwrap()])
             .args([
                 "--appendonly",
@@ -105,11 +150,15 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start redis-server: {e}. {INSTALL}"));
-        let child = self.child.insert(child);
+        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !pong(self.addr) {
+        while !self.answers() {
             let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
-            if let Ok(Some(status)) = child.try_wait() {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
                 let log = log();
                 if log.contains("Address already in use") {
                     return false;
@@ -130,8 +179,14 @@ impl RedisServer {
         true
     }
 
+    /// `redis://`, or `rediss://` for a server that speaks TLS.
     pub fn url(&self) -> String {
-        format!("redis://{}", self.addr)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// SIGKILL: Redis is gone at once, as in a crash or a partition.
@@ -152,11 +207,28 @@ impl RedisServer {
         );
     }
 
+    /// Whether the server answers `PING` now.
+    fn answers(&self) -> bool {
+        match &self.tls {
+            None => pong(self.addr),
+            Some(_) => self.cli(&["PING"]).trim() == "PONG",
+        }
+    }
+
+    /// `redis-cli`'s arguments for speaking TLS to this server, if it does.
+    fn tls_args(&self) -> Vec<&str> {
+        match &self.tls {
+            None => Vec::new(),
+            Some(tls) => vec!["--tls", "--cacert", tls.ca.to_str().unwrap()],
+        }
+    }
+
     /// Runs `redis-cli` against this server; returns its stdout.
     pub fn cli(&self, args: &[&str]) -> String {
         require("redis-cli");
         let out = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.addr.port().to_string()])
+            .args(self.tls_args())
             .args(args)
             .output()
             .unwrap_or_else(|e| panic!("cannot run redis-cli: {e}. {INSTALL}"));
