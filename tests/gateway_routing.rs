@@ -1289,12 +1289,15 @@ async fn a_request_body_that_stops_arriving_is_a_client_timeout_not_a_504() {
             r#"gateway_responses_total{{method="POST",outcome="{outcome}",route="/v1/store/orders",status="{status}"}}"#
         )
     };
-    assert_eq!(
-        common::metric(stack.admin, "gateway_client_timeouts_total{phase=\"body\"}"),
-        Some(1.0)
+    // Counted once the request is logged, just after the connection closes.
+    wait_metric(
+        stack.admin,
+        &series("client_timeout", "none"),
+        Duration::from_secs(10),
+        |v| v == 1.0,
     );
     assert_eq!(
-        common::metric(stack.admin, &series("client_timeout", "none")),
+        common::metric(stack.admin, "gateway_client_timeouts_total{phase=\"body\"}"),
         Some(1.0)
     );
     assert_eq!(
@@ -1528,16 +1531,15 @@ async fn a_response_the_upstream_breaks_off_before_the_client_has_any_is_an_erro
         }
         let body: Value = serde_json::from_str(body).unwrap();
         assert_eq!(body["code"], code, "{path}");
-        assert_eq!(
-            common::metric(
-                stack.admin,
-                &format!(
-                    r#"gateway_responses_total{{method="GET",outcome="{code}",route="/v1/store",status="{}"}}"#,
-                    &status[..3]
-                )
+        // Counted as the gateway's answer (once the request is logged, just after it is sent).
+        wait_metric(
+            stack.admin,
+            &format!(
+                r#"gateway_responses_total{{method="GET",outcome="{code}",route="/v1/store",status="{}"}}"#,
+                &status[..3]
             ),
-            Some(1.0),
-            "{path}: counted as the gateway's answer"
+            Duration::from_secs(10),
+            |v| v == 1.0,
         );
     }
 

@@ -20,7 +20,9 @@
 //! before its body has arrived, and leaves a head with `Content-Length` unflushed; an upstream that
 //! then closes or stalls mid-body would leave the client with nothing at all, not even the head.
 //! While no byte of the response has left, the gateway replaces it with its own error
-//! ([`ClientStream::retract`]).
+//! ([`ClientStream::retract`]). pingora flushes a response with `Content-Length` only at its end,
+//! and when it gives up on it; while its body is incomplete, the proxy holds such flushes back
+//! ([`ClientStream::hold`]), so that giving up leaves room for the error.
 
 use std::io;
 use std::pin::Pin;
@@ -64,6 +66,8 @@ pub struct ClientStream {
     sent: AtomicBool,
     /// What replaces the response being written, once it is [`RETRACTED`].
     retraction: ArcSwapOption<Vec<u8>>,
+    /// Flushes wait: a response's body of known length is being written and is not whole yet.
+    holding: AtomicBool,
 }
 
 /// The gateway's proxy has the request (and every connection it does not drive, e.g. HTTP/2).
@@ -89,6 +93,7 @@ impl ClientStream {
             answering: AtomicU8::new(GATEWAY),
             sent: AtomicBool::new(false),
             retraction: ArcSwapOption::empty(),
+            holding: AtomicBool::new(false),
         })
     }
 
@@ -98,6 +103,7 @@ impl ClientStream {
         if let Some(stream) = stream.as_any().downcast_ref::<ClientStream>() {
             stream.answering.store(PINGORA, Ordering::Relaxed);
             stream.sent.store(false, Ordering::Relaxed);
+            stream.holding.store(false, Ordering::Relaxed);
         }
     }
 
@@ -106,6 +112,7 @@ impl ClientStream {
         if let Some(stream) = stream.as_any().downcast_ref::<ClientStream>() {
             stream.answering.store(GATEWAY, Ordering::Relaxed);
             stream.sent.store(false, Ordering::Relaxed);
+            stream.holding.store(false, Ordering::Relaxed);
         }
     }
 
@@ -123,6 +130,17 @@ impl ClientStream {
         stream.retraction.store(Some(Arc::new(response)));
         stream.answering.store(RETRACTED, Ordering::Relaxed);
         true
+    }
+
+    /// While `on`, flushes on `stream` (an HTTP/1 one) write nothing out: what is gathered stays
+    /// until the flush after `hold(stream, false)`, or until it outgrows the buffer. For a
+    /// response whose body has a known length, from its head until its body is whole.
+    pub fn hold(stream: &Stream, on: bool) {
+        if let Some(stream) = stream.as_any().downcast_ref::<ClientStream>()
+            && stream.heads.is_some()
+        {
+            stream.holding.store(on, Ordering::Relaxed);
+        }
     }
 
     /// Whether `stream` is an HTTP/1 connection that gathers writes and no byte of the response
@@ -208,6 +226,9 @@ impl AsyncWrite for ClientStream {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if *self.holding.get_mut() && *self.answering.get_mut() != RETRACTED {
+            return Poll::Ready(Ok(()));
+        }
         ready!(self.poll_write_out(cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
@@ -329,6 +350,7 @@ mod tests {
             answering: AtomicU8::new(GATEWAY),
             sent: AtomicBool::new(false),
             retraction: ArcSwapOption::empty(),
+            holding: AtomicBool::new(false),
         };
         (stream, theirs)
     }

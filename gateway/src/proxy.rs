@@ -48,6 +48,7 @@ use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 use crate::access_log::{self, AccessLog};
 use crate::admission::{Admission, declared_length};
 use crate::auth::FailureBudget;
+use crate::client_stream::ClientStream;
 use crate::cors::{Cors, CorsPolicy};
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, client_went_away, respond, retract};
@@ -474,7 +475,35 @@ impl ProxyHttp for Gateway {
                 .upstream_duration
                 .observe(started.elapsed().as_secs_f64());
         }
-        headers::decorate(response, ctx, session.is_http2())
+        headers::decorate(response, ctx, session.is_http2())?;
+        // A body of known length leaves whole, or not at all if the upstream breaks it off
+        // before any of it left (`retract`): pingora flushes such a response early only when it
+        // gives up on it.
+        let bodyless = session.req_header().method == http::Method::HEAD
+            || matches!(response.status.as_u16(), 101 | 204 | 304);
+        if !bodyless
+            && response
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .is_some_and(|length| length.as_bytes() != b"0")
+            && let Some(stream) = session.as_downstream().stream()
+        {
+            ClientStream::hold(stream, true);
+        }
+        Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        session: &mut Session,
+        _body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        _ctx: &mut Ctx,
+    ) -> Result<Option<Duration>> {
+        if end_of_stream && let Some(stream) = session.as_downstream().stream() {
+            ClientStream::hold(stream, false);
+        }
+        Ok(None)
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
@@ -565,6 +594,10 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        // Whatever became of the response, what is left of it may leave (see `response_filter`).
+        if let Some(stream) = session.as_downstream().stream() {
+            ClientStream::hold(stream, false);
+        }
         // The gateway's own answer, if it gave one: it may have replaced a response that pingora
         // had begun (`retract`).
         let status = match ctx.status {
