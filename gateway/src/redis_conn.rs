@@ -2,9 +2,10 @@
 //!
 //! `gateway.redis.url` (or `--redis-url`) is one `redis://host:port[/db]` URL or a
 //! comma-separated list of seed nodes; `rediss://` speaks TLS, verifying Redis's certificate
-//! against the system's roots or `gateway.redis.ca_file`. The first node that answers says whether it runs in
-//! cluster mode (`INFO cluster`); the gateway then opens either one multiplexed connection that
-//! reconnects by itself (`ConnectionManager`) or a cluster connection that follows slot moves.
+//! against the system's roots or `gateway.redis.ca`. The first node that answers says whether it
+//! runs in cluster mode (`INFO cluster`); the gateway then opens either one multiplexed
+//! connection that reconnects by itself (`ConnectionManager`) or a cluster connection that
+//! follows slot moves.
 //! Both pipeline every request of every thread over few sockets, which is what a pool is for.
 //!
 //! Limit decisions, one per request, go over a connection of the proxy thread's own
