@@ -870,11 +870,15 @@ fn http_header_map_upper_bound(size_hint: Option<usize>) -> usize {
     // upper bound in the crate. Any way you cut it, 4,096 headers is insane.
     const PINGORA_MAX_HEADER_COUNT: usize = 4096;
     const INIT_HEADER_SIZE: usize = 8;
+    // Animal Store's patch (see `vendor/README.md`): a message read from the wire is sized for
+    // the headers it came with, so the first headers a proxy adds to it regrow both of its maps
+    // (four rehashes a proxied request for the gateway's ten headers). Room for as many more.
+    const PROXY_HEADROOM: usize = 8;
 
     // We select the size hint or the max size here, ensuring that we pick a value substantially lower
     // than 1 << 15 with room to grow the header map.
     std::cmp::min(
-        size_hint.unwrap_or(INIT_HEADER_SIZE),
+        size_hint.map_or(INIT_HEADER_SIZE, |n| n + PROXY_HEADROOM),
         PINGORA_MAX_HEADER_COUNT,
     )
 }
@@ -1137,7 +1141,7 @@ mod tests {
     #[test]
     fn header_map_upper_bound() {
         assert_eq!(8, http_header_map_upper_bound(None));
-        assert_eq!(16, http_header_map_upper_bound(Some(16)));
+        assert_eq!(24, http_header_map_upper_bound(Some(16)));
         assert_eq!(4096, http_header_map_upper_bound(Some(7777)));
     }
 
