@@ -112,3 +112,38 @@ async fn sighup_swaps_in_a_good_configuration_and_refuses_a_bad_one_whole() {
         "{head}"
     );
 }
+
+/// A keep-alive timeout shortened by a reload applies to connections already open: their next
+/// wait ends at the new timeout, not at the old one their idle alarm was set for.
+#[test]
+fn a_shortened_keepalive_timeout_applies_to_open_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("live.toml");
+    let with_keepalive =
+        |seconds: u32| format!("[gateway]\nkeepalive_timeout_seconds = {seconds}\n{PETS_ROUTE}");
+    std::fs::write(&path, with_keepalive(60)).unwrap();
+    let stack = Stack::start_with(dir.path(), &path);
+    let key = stack.key(&["--plan", "pro"]);
+    let mut conn = TcpStream::connect(stack.listen).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert!(request(&mut conn, "/v1/pets", &key).starts_with("HTTP/1.1 200"));
+
+    std::fs::write(&path, with_keepalive(1)).unwrap();
+    kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
+    stack.proc.wait_log("configuration reloaded");
+    assert!(request(&mut conn, "/v1/pets", &key).starts_with("HTTP/1.1 200"));
+    // Idle from here: closed after about a second, well before the old 60 s (or the 10 s this
+    // read waits).
+    let idle = std::time::Instant::now();
+    assert_eq!(
+        conn.read(&mut [0u8; 64]).unwrap(),
+        0,
+        "closed by the gateway"
+    );
+    assert!(
+        idle.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        idle.elapsed()
+    );
+}

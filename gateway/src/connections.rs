@@ -32,6 +32,7 @@ use pingora::protocols::http::ServerSession;
 use pingora::protocols::{ALPN, Stream};
 use pingora::server::ShutdownWatch;
 use tokio::io::AsyncReadExt;
+use tokio::time::{Instant, Sleep};
 
 use crate::client_stream::ClientStream;
 use crate::metrics;
@@ -115,6 +116,11 @@ enum Idle {
 /// Waits, holding nothing but `stream`, until the client sends something, stays silent for
 /// `timeout`, or, if `shutdown` is given, the gateway starts shutting down.
 ///
+/// `alarm` is the connection's one timer, armed once per connection rather than once per
+/// request (registering a timer was half of this wait's cost): it may be set to go off earlier
+/// than this wait's end, as it was set by an earlier wait; it then goes off early once, and is
+/// set again for this wait's end. A connection busy for good sets it once per `timeout`.
+///
 /// A zero-length read waits for bytes and leaves them where the session that follows parses the
 /// request from, with no extra system call: on a plain stream it fills the read buffer (the
 /// listener's, [`crate::PLAIN_READ_BUFFER`] bytes); over TLS, rustls decrypts the next record
@@ -122,22 +128,36 @@ enum Idle {
 async fn await_request(
     stream: &mut Stream,
     timeout: Duration,
+    mut alarm: Pin<&mut Sleep>,
     shutdown: Option<&mut ShutdownWatch>,
 ) -> Idle {
+    let ends = Instant::now() + timeout;
+    if alarm.deadline() > ends {
+        // The timeout was shortened by a reload since the alarm was set.
+        alarm.as_mut().reset(ends);
+    }
     let stopping = async {
         match shutdown {
             Some(shutdown) => drop(shutdown.wait_for(|stopping| *stopping).await),
             None => std::future::pending().await,
         }
     };
-    tokio::select! {
-        biased;
-        filled = pingora_timeout::timeout(timeout, stream.read(&mut [])) => match filled {
-            Ok(Ok(_)) => Idle::Request,
-            Ok(Err(_)) => Idle::Close,
-            Err(_) => Idle::TimedOut,
-        },
-        () = stopping => Idle::Close,
+    tokio::pin!(stopping);
+    loop {
+        tokio::select! {
+            biased;
+            filled = stream.read(&mut []) => return match filled {
+                Ok(_) => Idle::Request,
+                Err(_) => Idle::Close,
+            },
+            () = alarm.as_mut() => {
+                if alarm.deadline() >= ends {
+                    return Idle::TimedOut;
+                }
+                alarm.as_mut().reset(ends);
+            }
+            () = &mut stopping => return Idle::Close,
+        }
     }
 }
 
@@ -179,6 +199,8 @@ where
     async fn serve(self: Arc<Self>, mut stream: Stream, mut shutdown: ShutdownWatch) {
         let _open = (self.port == Port::Public).then(metrics::OpenConnection::open);
         let mut persisted: Option<HttpPersistentSettings> = None;
+        let alarm = tokio::time::sleep(self.live.load().keepalive_timeout);
+        tokio::pin!(alarm);
         loop {
             // A connection that has sent nothing yet is as cheap as an idle one, so the first
             // request gets the keep-alive timeout too. Pipelined requests are waiting in the
@@ -187,7 +209,7 @@ where
             // The admin port keeps its connections through the grace period: a prober that
             // keeps one open reads `/readyz`'s 503 (and then the connection closes).
             let stops = (self.port == Port::Public).then_some(&mut shutdown);
-            match await_request(&mut stream, idle, stops).await {
+            match await_request(&mut stream, idle, alarm.as_mut(), stops).await {
                 Idle::Request => {}
                 Idle::TimedOut => return self.count_timeout("idle"),
                 Idle::Close => return,
@@ -232,9 +254,17 @@ where
             session.set_keepalive(None);
         }
         let mut request = self.app.process_new_http(session, shutdown);
-        // Nearly every head arrives whole and is read by the first poll; the timer starts only
-        // if it is not (pingora's timeouts arm lazily).
-        match pingora_timeout::timeout(header_timeout, until_head(&mut request)).await {
+        // Nearly every head arrives whole and is read by the first poll: the header timeout is
+        // made only if it is not (making one reads the clock).
+        let read = {
+            let head = until_head(&mut request);
+            tokio::pin!(head);
+            match poll_fn(|cx| Poll::Ready(head.as_mut().poll(cx))).await {
+                Poll::Ready(read) => Ok(read),
+                Poll::Pending => pingora_timeout::timeout(header_timeout, head).await,
+            }
+        };
+        match read {
             Ok(Some(done)) => done,
             Ok(None) => request.await,
             Err(_) => {
