@@ -239,21 +239,26 @@ where
         if self.port == Port::Public {
             ClientStream::expect_request(&stream);
         }
-        let mut session = ServerSession::new_http1(stream);
-        match persisted {
-            Some(persisted) => persisted.apply_to_session(&mut session),
-            None => {
-                session.set_keepalive(Some(keepalive.as_secs()));
-                // While proxying, pingora reads one byte to see whether the client has gone; of
-                // a pipelined request, that byte is kept for the next request on the connection
-                // instead of failing this one (the setting carries over).
-                session.set_pipelining_enabled(true);
+        // The session (680 bytes) is handed to the proxy within this block: a local still in
+        // scope at an `await` keeps its room in the future's state even once moved out, and this
+        // future is boxed and moved every request.
+        let mut request = {
+            let mut session = ServerSession::new_http1(stream);
+            match persisted {
+                Some(persisted) => persisted.apply_to_session(&mut session),
+                None => {
+                    session.set_keepalive(Some(keepalive.as_secs()));
+                    // While proxying, pingora reads one byte to see whether the client has gone;
+                    // of a pipelined request, that byte is kept for the next request on the
+                    // connection instead of failing this one (the setting carries over).
+                    session.set_pipelining_enabled(true);
+                }
             }
-        }
-        if *shutdown.borrow() {
-            session.set_keepalive(None);
-        }
-        let mut request = self.app.process_new_http(session, shutdown);
+            if *shutdown.borrow() {
+                session.set_keepalive(None);
+            }
+            self.app.process_new_http(session, shutdown)
+        };
         // Nearly every head arrives whole and is read by the first poll: the header timeout is
         // made only if it is not (making one reads the clock).
         let read = {
