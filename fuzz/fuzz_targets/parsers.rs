@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
     if let Err(e) = models::parse_new_pet(data) {
         assert_eq!(e.code.status(), 400);
     }
-    let _ = authorize(Some(data), &KeySet::default());
+    let _ = authorize(Some(data), &KeySet::default(), 0);
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
