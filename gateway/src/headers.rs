@@ -211,7 +211,7 @@ impl Headers<'_> {
     /// parsed (`insert_parsed_header`, our patch to pingora-http): its own `insert_header` parses
     /// the name again and allocates twice for it, which made each of these inserts cost
     /// 1,400 instructions.
-    pub fn insert(&mut self, name: &Name, value: HeaderValue) -> pingora::Result<()> {
+    pub fn insert(&mut self, name: &Name, value: HeaderValue) {
         match self {
             Headers::Cased(CasedMessage::Request(r)) => {
                 r.insert_parsed_header(name.parsed.clone(), name.cased, value)
@@ -223,7 +223,6 @@ impl Headers<'_> {
                 map.insert(name.parsed.clone(), value);
             }
         }
-        Ok(())
     }
 }
 
@@ -233,10 +232,10 @@ impl Headers<'_> {
 pub fn with_response_headers<T>(
     response: &mut ResponseHeader,
     case: HeaderCase,
-    f: impl FnOnce(&mut Headers) -> pingora::Result<T>,
+    f: impl FnOnce(&mut Headers) -> T,
 ) -> pingora::Result<T> {
     if case == HeaderCase::Preserve {
-        return f(&mut Headers::Cased(CasedMessage::Response(response)));
+        return Ok(f(&mut Headers::Cased(CasedMessage::Response(response))));
     }
     let reason = response
         .get_reason_phrase()
@@ -247,7 +246,7 @@ pub fn with_response_headers<T>(
     let result = f(&mut Headers::Lower(&mut parts.headers));
     *response = ResponseHeader::from(parts);
     response.set_reason_phrase(reason.as_deref())?;
-    result
+    Ok(result)
 }
 
 /// As [`with_response_headers`], for a request going upstream. A request whose target is not
@@ -256,8 +255,8 @@ pub fn with_response_headers<T>(
 pub fn with_request_headers<T>(
     request: &mut RequestHeader,
     case: HeaderCase,
-    f: impl FnOnce(&mut Headers) -> pingora::Result<T>,
-) -> pingora::Result<T> {
+    f: impl FnOnce(&mut Headers) -> T,
+) -> T {
     if case == HeaderCase::Preserve || !target_is_uri(request) {
         return f(&mut Headers::Cased(CasedMessage::Request(request)));
     }
@@ -299,20 +298,16 @@ fn unique(mut value: HeaderValue) -> HeaderValue {
 }
 
 /// Adds the rate-limit headers `rate` describes, at `now_ms`.
-pub fn insert_rate_headers(
-    headers: &mut Headers,
-    rate: &RateHeaders,
-    now_ms: u64,
-) -> pingora::Result<()> {
-    headers.insert(&X_RATELIMIT_LIMIT, number(rate.limit))?;
-    headers.insert(&X_RATELIMIT_REMAINING, unique(number(rate.remaining)))?;
-    headers.insert(&X_RATELIMIT_RESET, number(ceil_secs(rate.reset_ms)))?;
-    headers.insert(&RATELIMIT_POLICY, rate.policy.clone())?;
+pub fn insert_rate_headers(headers: &mut Headers, rate: &RateHeaders, now_ms: u64) {
+    headers.insert(&X_RATELIMIT_LIMIT, number(rate.limit));
+    headers.insert(&X_RATELIMIT_REMAINING, unique(number(rate.remaining)));
+    headers.insert(&X_RATELIMIT_RESET, number(ceil_secs(rate.reset_ms)));
+    headers.insert(&RATELIMIT_POLICY, rate.policy.clone());
     let seconds_left = ceil_secs(rate.reset_ms.saturating_sub(now_ms));
     headers.insert(
         &RATELIMIT,
         unique(rate_limit_field(rate.name, rate.remaining, seconds_left)),
-    )
+    );
 }
 
 /// Adds the limit, identity, deprecation and CORS headers of the request in `ctx` to a response
@@ -334,9 +329,9 @@ pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx, http2: bool) -> pingor
             own_values(map);
         }
         if let Some(rate) = &ctx.rate {
-            insert_rate_headers(headers, rate, ctx.now_ms)?;
+            insert_rate_headers(headers, rate, ctx.now_ms);
         }
-        headers.insert(&X_REQUEST_ID, unique(ctx.request_id.header()))
+        headers.insert(&X_REQUEST_ID, unique(ctx.request_id.header()));
     })?;
     crate::cors::decorate(response, &ctx.cors)?;
     if let Some(d) = ctx.deprecation.as_deref() {
@@ -377,9 +372,8 @@ mod tests {
         request.set_version(version);
         request.insert_header("X-Client-Thing", "1").unwrap();
         with_request_headers(&mut request, HeaderCase::Lower, |h| {
-            h.insert(&X_API_PLAN, HeaderValue::from_static("free"))
-        })
-        .unwrap();
+            h.insert(&X_API_PLAN, HeaderValue::from_static("free"));
+        });
         let mut wire = Vec::new();
         request.header_to_h1_wire(&mut wire);
         (

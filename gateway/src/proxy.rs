@@ -444,14 +444,14 @@ impl ProxyHttp for Gateway {
             .or_err(ErrorType::InvalidHTTPHeader, "X-Forwarded-For")?;
         upstream.remove_header(&http::header::AUTHORIZATION);
         headers::with_request_headers(upstream, ctx.settings.header_case, |headers| {
-            headers.insert(&X_REQUEST_ID, ctx.request_id.header())?;
-            headers.insert(&X_FORWARDED_FOR, forwarded)?;
+            headers.insert(&X_REQUEST_ID, ctx.request_id.header());
+            headers.insert(&X_FORWARDED_FOR, forwarded);
             if let Some(key) = &ctx.key {
-                headers.insert(&X_API_KEY_ID, key.id_header.clone())?;
-                headers.insert(&X_API_PLAN, key.plan.clone())?;
+                headers.insert(&X_API_KEY_ID, key.id_header.clone());
+                headers.insert(&X_API_PLAN, key.plan.clone());
             }
-            Ok(())
-        })
+        });
+        Ok(())
     }
 
     async fn response_filter(
