@@ -5,7 +5,7 @@
 //!
 //! How their names are written on HTTP/1.1 is `gateway.header_case` ([`HeaderCase`]).
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use serde::Deserialize;
@@ -113,8 +113,7 @@ pub enum HeaderCase {
     Preserve,
     /// In lowercase, both ways (`x-ratelimit-limit`; a few common names, such as
     /// `Content-Type`, stay titled), as HAProxy and Envoy do by default. Header names are
-    /// case-insensitive (RFC 9110, section 5.1), and without pingora's second, case-keeping map
-    /// the gateway's own headers take half the instructions (`bench/results.md`).
+    /// case-insensitive (RFC 9110, section 5.1); either way costs the same (`bench/results.md`).
     Lower,
 }
 
@@ -189,82 +188,165 @@ fn is_alias(name: &HeaderName) -> bool {
     })
 }
 
-/// Where headers go: through pingora, which keeps each name's case in a second map and parses
-/// the name from text for it, or straight into the header map of a message that keeps no case.
+/// Where the gateway's headers go: as lines after an HTTP/1 message's own headers, or into the
+/// header map of a response to an HTTP/2 client.
 pub enum Headers<'a> {
-    /// Through pingora, case kept.
-    Cased(CasedMessage<'a>),
-    /// Into the map of a message that keeps no case.
-    Lower(&'a mut HeaderMap),
+    /// HTTP/1 (to clients, and every request upstream).
+    Lines(Lines<'a>),
+    /// HTTP/2, whose names are lowercase: into the map of a response that keeps no case.
+    Map(&'a mut HeaderMap),
 }
 
-/// A pingora message that keeps its header names' case.
-pub enum CasedMessage<'a> {
+/// The gateway's headers of an HTTP/1 message, as the lines pingora writes after the message's
+/// own (`set_h1_header_lines`, our patch to pingora-http). In the message's maps, each would
+/// cost about 1,000 instructions: pingora keeps every name twice, in `http`'s map and in a map
+/// of their case, and each insert hashes the name for both. A line costs its bytes. The
+/// message's own values of a name written here are dropped, so a name is sent once, with the
+/// gateway's value.
+///
+/// No lookup in the message finds these headers, and HTTP/2 would not send them: responses to
+/// HTTP/2 clients take [`Headers::Map`], and upstream requests are HTTP/1 (routes offer no
+/// other protocol to their upstreams).
+pub struct Lines<'a> {
+    message: Message<'a>,
+    text: BytesMut,
+    /// Names in lowercase, else as documented.
+    lower: bool,
+}
+
+impl Lines<'_> {
+    fn insert(&mut self, name: &Name, value: &HeaderValue) {
+        self.message.remove(&name.parsed);
+        let written = if self.lower {
+            name.parsed.as_str()
+        } else {
+            name.cased
+        };
+        for part in [written.as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
+            self.text.extend_from_slice(part);
+        }
+    }
+}
+
+/// An HTTP/1 message the gateway adds headers to.
+pub enum Message<'a> {
     /// A request going upstream.
     Request(&'a mut RequestHeader),
     /// A response going to the client.
     Response(&'a mut ResponseHeader),
 }
 
-impl Headers<'_> {
-    /// Sets `name` to `value`, replacing what was there. Through pingora, by the name already
-    /// parsed (`insert_parsed_header`, our patch to pingora-http): its own `insert_header` parses
-    /// the name again and allocates twice for it, which made each of these inserts cost
-    /// 1,400 instructions.
-    pub fn insert(&mut self, name: &Name, value: HeaderValue) {
+impl Message<'_> {
+    /// Drops the message's values of `name`. Its names are compared rather than looked up: a
+    /// lookup hashes the name, a comparison with a standard name (most of a message's) is one
+    /// byte's, and names of the gateway's are seldom there.
+    fn remove(&mut self, name: &HeaderName) {
+        let headers = match self {
+            Message::Request(r) => &r.headers,
+            Message::Response(r) => &r.headers,
+        };
+        if !headers.keys().any(|own| own == name) {
+            return;
+        }
         match self {
-            Headers::Cased(CasedMessage::Request(r)) => {
-                r.insert_parsed_header(name.parsed.clone(), name.cased, value)
-            }
-            Headers::Cased(CasedMessage::Response(r)) => {
-                r.insert_parsed_header(name.parsed.clone(), name.cased, value)
-            }
-            Headers::Lower(map) => {
-                map.insert(name.parsed.clone(), value);
-            }
+            Message::Request(r) => r.remove_header(name),
+            Message::Response(r) => r.remove_header(name),
+        };
+    }
+
+    fn set_lines(&mut self, lines: Bytes) {
+        match self {
+            Message::Request(r) => r.set_h1_header_lines(lines),
+            Message::Response(r) => r.set_h1_header_lines(lines),
         }
     }
 }
 
-/// Runs `f` on `response`'s headers as `case` says they are written. For [`HeaderCase::Lower`]
-/// the response becomes one that keeps no case (its reason phrase kept), so `f` writes into its
-/// header map directly.
+impl Headers<'_> {
+    /// Sets `name` to `value`, replacing what was there.
+    pub fn insert(&mut self, name: &Name, value: HeaderValue) {
+        match self {
+            Headers::Lines(lines) => lines.insert(name, &value),
+            Headers::Map(map) => {
+                map.insert(name.parsed.clone(), value);
+            }
+        }
+    }
+
+    /// Runs `f` on the headers of `message` written as lines (names in lowercase if `lower`),
+    /// then hands the lines to it.
+    fn lines<T>(message: Message, lower: bool, f: impl FnOnce(&mut Headers) -> T) -> T {
+        let mut headers = Headers::Lines(Lines {
+            message,
+            text: BytesMut::with_capacity(LINES_CAPACITY),
+            lower,
+        });
+        let result = f(&mut headers);
+        if let Headers::Lines(mut lines) = headers {
+            let text = lines.text.freeze();
+            lines.message.set_lines(text);
+        }
+        result
+    }
+}
+
+/// Room for the lines of a response's six headers with every number at its longest (about 330
+/// bytes), or of a request's four (more only behind a long chain of forwarders).
+const LINES_CAPACITY: usize = 384;
+
+/// Runs `f` on the headers of `response`, going to a client over HTTP/2 if `http2`, else over
+/// HTTP/1 with names as `case` says. Over HTTP/2, and for [`HeaderCase::Lower`], the response
+/// becomes one that keeps no case (its reason phrase kept).
 pub fn with_response_headers<T>(
     response: &mut ResponseHeader,
     case: HeaderCase,
+    http2: bool,
     f: impl FnOnce(&mut Headers) -> T,
 ) -> pingora::Result<T> {
-    if case == HeaderCase::Preserve {
-        return Ok(f(&mut Headers::Cased(CasedMessage::Response(response))));
+    if http2 {
+        return in_parts(response, |parts| f(&mut Headers::Map(&mut parts.headers)));
     }
+    let lower = case == HeaderCase::Lower;
+    if lower {
+        in_parts(response, |_| ())?;
+    }
+    Ok(Headers::lines(Message::Response(response), lower, f))
+}
+
+/// Runs `f` on `response` as `http` parts, which keep no case, and makes it the response they
+/// then are, with its reason phrase.
+fn in_parts<T>(
+    response: &mut ResponseHeader,
+    f: impl FnOnce(&mut http::response::Parts) -> T,
+) -> pingora::Result<T> {
     let reason = response
         .get_reason_phrase()
         .filter(|r| Some(*r) != response.status.canonical_reason())
         .map(str::to_owned);
     let empty = ResponseHeader::from(http::Response::new(()).into_parts().0);
     let mut parts = http::response::Parts::from(std::mem::replace(response, empty));
-    let result = f(&mut Headers::Lower(&mut parts.headers));
+    let result = f(&mut parts);
     *response = ResponseHeader::from(parts);
     response.set_reason_phrase(reason.as_deref())?;
     Ok(result)
 }
 
-/// As [`with_response_headers`], for a request going upstream. A request whose target is not
-/// exactly its URI's path and query (absolute-form, not UTF-8, or HTTP/2, whose URI carries the
-/// scheme and authority) keeps pingora's form, which sends the target as received.
+/// As [`with_response_headers`], for a request going upstream over HTTP/1. A request whose
+/// target is not exactly its URI's path and query (absolute-form, not UTF-8, or HTTP/2, whose
+/// URI carries the scheme and authority) keeps pingora's form, which sends the target as
+/// received, and the gateway's names as documented.
 pub fn with_request_headers<T>(
     request: &mut RequestHeader,
     case: HeaderCase,
     f: impl FnOnce(&mut Headers) -> T,
 ) -> T {
-    if case == HeaderCase::Preserve || !target_is_uri(request) {
-        return f(&mut Headers::Cased(CasedMessage::Request(request)));
+    let lower = case == HeaderCase::Lower && target_is_uri(request);
+    if lower {
+        let empty = RequestHeader::from(http::Request::new(()).into_parts().0);
+        let parts = http::request::Parts::from(std::mem::replace(request, empty));
+        *request = RequestHeader::from(parts);
     }
-    let empty = RequestHeader::from(http::Request::new(()).into_parts().0);
-    let mut parts = http::request::Parts::from(std::mem::replace(request, empty));
-    let result = f(&mut Headers::Lower(&mut parts.headers));
-    *request = RequestHeader::from(parts);
-    result
+    Headers::lines(Message::Request(request), lower, f)
 }
 
 /// Whether `request`'s target survives as its URI's path and query, which is all a request
@@ -319,13 +401,8 @@ pub fn insert_rate_headers(headers: &mut Headers, rate: &RateHeaders, now_ms: u6
 /// long as the connection is open, and a value still pointing into that buffer would keep all of
 /// it (4 KiB an idle connection).
 pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx, http2: bool) -> pingora::Result<()> {
-    let case = if http2 {
-        HeaderCase::Lower
-    } else {
-        ctx.settings.header_case
-    };
-    with_response_headers(response, case, |headers| {
-        if http2 && let Headers::Lower(map) = headers {
+    with_response_headers(response, ctx.settings.header_case, http2, |headers| {
+        if let Headers::Map(map) = headers {
             own_values(map);
         }
         if let Some(rate) = &ctx.rate {
@@ -427,8 +504,8 @@ mod tests {
         assert!(map["x-secret"].is_sensitive());
     }
 
-    #[test]
-    fn only_the_values_unique_to_a_response_are_kept_out_of_hpack_tables() {
+    /// A context whose request was counted against a minute's window.
+    fn counted() -> Ctx {
         let config: crate::config::GatewayConfig = toml::from_str("").unwrap();
         let settings = crate::settings::Settings::new(&config, "127.0.0.1:8081".parse().unwrap());
         let mut ctx = Ctx::new(std::sync::Arc::new(settings.unwrap()));
@@ -440,29 +517,84 @@ mod tests {
             reset_ms: 120_000,
             policy: HeaderValue::from_static("\"minute\";q=60;w=60"),
         });
-        for http2 in [true, false] {
-            let mut response = ResponseHeader::build(200, None).unwrap();
-            response
-                .insert_header("Content-Type", "application/json")
-                .unwrap();
-            decorate(&mut response, &ctx, http2).unwrap();
-            let mut never_indexed: Vec<&str> = response
-                .headers
-                .iter()
-                .filter(|(_, v)| v.is_sensitive())
-                .map(|(n, _)| n.as_str())
-                .collect();
-            never_indexed.sort();
-            assert_eq!(
-                never_indexed,
-                ["ratelimit", "x-ratelimit-remaining", "x-request-id"],
-                "http2: {http2}"
-            );
-            assert_eq!(response.headers.len(), 7, "http2: {http2}");
-            assert_eq!(response.headers["x-ratelimit-remaining"], "59");
-            assert_eq!(response.headers["ratelimit"], "\"minute\";r=59;t=30");
-            assert_eq!(response.headers["x-request-id"], ctx.request_id.as_str());
+        ctx
+    }
+
+    #[test]
+    fn only_the_values_unique_to_a_response_are_kept_out_of_hpack_tables() {
+        let ctx = counted();
+        let mut response = ResponseHeader::build(200, None).unwrap();
+        response
+            .insert_header("Content-Type", "application/json")
+            .unwrap();
+        decorate(&mut response, &ctx, true).unwrap();
+        let mut never_indexed: Vec<&str> = response
+            .headers
+            .iter()
+            .filter(|(_, v)| v.is_sensitive())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        never_indexed.sort();
+        assert_eq!(
+            never_indexed,
+            ["ratelimit", "x-ratelimit-remaining", "x-request-id"]
+        );
+        assert_eq!(response.headers.len(), 7);
+        assert_eq!(response.headers["x-ratelimit-remaining"], "59");
+        assert_eq!(response.headers["ratelimit"], "\"minute\";r=59;t=30");
+        assert_eq!(response.headers["x-request-id"], ctx.request_id.as_str());
+    }
+
+    #[test]
+    fn an_http1_response_carries_the_gateways_values_once_in_their_documented_case() {
+        let ctx = counted();
+        let mut response = ResponseHeader::build(200, None).unwrap();
+        for (name, value) in [
+            ("Content-Type", "application/json"),
+            ("x-request-id", "from-the-upstream"),
+            ("X-RATELIMIT-LIMIT", "5"),
+            ("X-Upstream-Thing", "kept"),
+        ] {
+            response.append_header(name, value).unwrap();
         }
+        decorate(&mut response, &ctx, false).unwrap();
+        let mut wire = Vec::new();
+        response.header_to_h1_wire(&mut wire);
+        let wire = String::from_utf8(wire).unwrap();
+        let id = ctx.request_id.as_str();
+        assert_eq!(
+            wire,
+            format!(
+                "Content-Type: application/json\r\nX-Upstream-Thing: kept\r\n\
+                 X-RateLimit-Limit: 60\r\nX-RateLimit-Remaining: 59\r\nX-RateLimit-Reset: 120\r\n\
+                 RateLimit-Policy: \"minute\";q=60;w=60\r\nRateLimit: \"minute\";r=59;t=30\r\n\
+                 X-Request-Id: {id}\r\n"
+            )
+        );
+        // A copy (pingora clones a response it may write again) writes the same head.
+        let mut again = Vec::new();
+        response.clone().header_to_h1_wire(&mut again);
+        assert_eq!(String::from_utf8(again).unwrap(), wire);
+    }
+
+    #[test]
+    fn a_request_upstream_carries_the_gateways_values_in_place_of_the_clients() {
+        let mut request = RequestHeader::build("GET", b"/v1/pets", None).unwrap();
+        request.append_header("Host", "store.test").unwrap();
+        request
+            .append_header("X-Forwarded-For", "192.0.2.1")
+            .unwrap();
+        request.append_header("x-api-plan", "enterprise").unwrap();
+        with_request_headers(&mut request, HeaderCase::Preserve, |h| {
+            h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.7"));
+            h.insert(&X_API_PLAN, HeaderValue::from_static("free"));
+        });
+        let mut wire = Vec::new();
+        request.header_to_h1_wire(&mut wire);
+        assert_eq!(
+            String::from_utf8(wire).unwrap(),
+            "Host: store.test\r\nX-Forwarded-For: 198.51.100.7\r\nX-Api-Plan: free\r\n"
+        );
     }
 
     #[test]
