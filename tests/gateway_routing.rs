@@ -1427,7 +1427,8 @@ fn a_kept_admin_connection_reads_stopping_when_shutdown_begins() {
 fn raw_upstream() -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
     scripted_upstream(|_| {
         (
-            b"HTTP/1.1 200 Fine Thanks\r\nX-Upstream-Thing: Yes\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]".to_vec(),
+            // Two of the gateway's own names, in another case, that it must replace.
+            b"HTTP/1.1 200 Fine Thanks\r\nX-Upstream-Thing: Yes\r\nx-ratelimit-limit: 5\r\nX-REQUEST-ID: from-the-upstream\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]".to_vec(),
             Duration::ZERO,
         )
     })
@@ -1585,7 +1586,9 @@ async fn a_response_the_upstream_breaks_off_before_the_client_has_any_is_an_erro
 
 /// `gateway.header_case`: `preserve` writes header names as they came and the gateway's own as
 /// documented; `lower` writes them all in lowercase, both ways, on proxied responses and the
-/// gateway's own. Values and the reason phrase are the same either way.
+/// gateway's own. Values and the reason phrase are the same either way. Each of the gateway's
+/// headers is sent once, with its value: a client's or an upstream's of the same name, in any
+/// case, is dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_case_is_preserved_or_lowercase_as_configured() {
     for case in ["preserve", "lower"] {
@@ -1599,7 +1602,7 @@ async fn header_case_is_preserved_or_lowercase_as_configured() {
         );
         let key = stack.key(&["--plan", "free"]);
         let request = format!(
-            "GET /v1/store/inventory HTTP/1.1\r\nHost: x\r\nX-Client-Thing: 1\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+            "GET /v1/store/inventory HTTP/1.1\r\nHost: x\r\nX-Client-Thing: 1\r\nx-api-plan: enterprise\r\nX-Request-Id: from-the-client\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
         );
         let answer = raw_answer(stack.listen, &request);
         let head = heads.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -1647,6 +1650,22 @@ async fn header_case_is_preserved_or_lowercase_as_configured() {
             !head.to_ascii_lowercase().contains("authorization"),
             "{case}: {head}"
         );
+        for name in [
+            "x-api-plan",
+            "x-request-id",
+            "x-forwarded-for",
+            "x-api-key-id",
+        ] {
+            assert_eq!(
+                lines_named(&head, name),
+                1,
+                "{case}: {name} upstream:\n{head}"
+            );
+        }
+        assert!(
+            !head.contains("from-the-client") && !head.contains("enterprise"),
+            "{head}"
+        );
         assert!(
             answer.starts_with("HTTP/1.1 200 Fine Thanks\r\n"),
             "{case}: {answer}"
@@ -1661,6 +1680,10 @@ async fn header_case_is_preserved_or_lowercase_as_configured() {
             answer.contains("Content-Type: application/json"),
             "{case}: {answer}"
         );
+        for name in ["x-ratelimit-limit", "x-request-id"] {
+            assert_eq!(lines_named(&answer, name), 1, "{case}: {name}:\n{answer}");
+        }
+        assert!(!answer.contains("from-the-upstream"), "{answer}");
 
         // The gateway's own answer: the same names, the same case.
         let answer = raw_answer(
@@ -1677,6 +1700,16 @@ async fn header_case_is_preserved_or_lowercase_as_configured() {
             "{case}: {answer}"
         );
     }
+}
+
+/// How many header lines of `head` are named `name`, in any case.
+fn lines_named(head: &str, name: &str) -> usize {
+    head.lines()
+        .filter(|line| {
+            line.split_once(':')
+                .is_some_and(|(n, _)| n.eq_ignore_ascii_case(name))
+        })
+        .count()
 }
 
 /// The status codes of the responses in `answers`, in order.
