@@ -136,9 +136,9 @@ where
             return Poll::Ready(Ok(v));
         }
 
-        let delay = me
-            .delay
-            .get_or_insert_with(|| Box::pin(me.callback.timeout()));
+        // Animal Store's patch (see `vendor/README.md`): the timer's future is boxed once, by
+        // `timeout()`; it was boxed again here, two allocations per timer made.
+        let delay = me.delay.get_or_insert_with(|| me.callback.timeout());
 
         match delay.as_mut().poll(cx) {
             Poll::Pending => Poll::Pending,
