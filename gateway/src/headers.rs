@@ -5,7 +5,7 @@
 //!
 //! How their names are written on HTTP/1.1 is `gateway.header_case` ([`HeaderCase`]).
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use serde::Deserialize;
@@ -14,6 +14,7 @@ use crate::auth::Budget;
 use crate::limits::{Decision, Quota, ceil_secs};
 use crate::plans::Limits;
 use crate::proxy::Ctx;
+use crate::request_id::RequestId;
 
 /// What a response says about the caller's limits.
 #[derive(Debug, Clone)]
@@ -77,29 +78,52 @@ pub fn address_policy(per_minute: u32) -> HeaderValue {
         .expect("valid header text")
 }
 
-/// A number as a header value, in one allocation (`HeaderValue::from(u64)` takes two).
-fn number(n: u64) -> HeaderValue {
-    HeaderValue::from_str(itoa::Buffer::new().format(n)).expect("digits are header text")
+/// A piece of a value the gateway writes, each header text by its type: text of its own, a
+/// number's digits, a request's id. Lines write pieces where they go, with no `HeaderValue`
+/// between; only the map path builds one.
+#[derive(Debug, Clone, Copy)]
+pub enum Piece<'a> {
+    /// The gateway's own header text (a policy name, a separator).
+    Text(&'static str),
+    /// A number, in decimal digits.
+    Number(u64),
+    /// A request's id (hex digits).
+    Id(&'a RequestId),
 }
 
-/// The draft `RateLimit` value, `"<policy>";r=<remaining>;t=<seconds>`, built without `format!`.
-fn rate_limit_field(name: &str, remaining: u64, seconds_left: u64) -> HeaderValue {
-    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
-    let parts = [
-        "\"",
-        name,
-        "\";r=",
-        r.format(remaining),
-        ";t=",
-        t.format(seconds_left),
-    ];
-    let mut text = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-    for part in parts {
-        text.extend_from_slice(part.as_bytes());
+impl Piece<'_> {
+    fn write(self, out: &mut impl BufMut) {
+        match self {
+            Piece::Text(text) => out.put_slice(text.as_bytes()),
+            Piece::Number(n) => out.put_slice(itoa::Buffer::new().format(n).as_bytes()),
+            Piece::Id(id) => out.put_slice(id.as_bytes()),
+        }
     }
-    // Exactly as long as its capacity: `Bytes` takes the vector without copying it.
-    HeaderValue::from_maybe_shared(Bytes::from(text))
-        .expect("a policy name and digits are header text")
+}
+
+/// The draft `RateLimit` value, `"<policy>";r=<remaining>;t=<seconds>`.
+fn rate_limit_field(name: &'static str, remaining: u64, seconds_left: u64) -> [Piece<'static>; 6] {
+    [
+        Piece::Text("\""),
+        Piece::Text(name),
+        Piece::Text("\";r="),
+        Piece::Number(remaining),
+        Piece::Text(";t="),
+        Piece::Number(seconds_left),
+    ]
+}
+
+/// `pieces` as a header value, marked as unique to its response if `is_unique` (see
+/// [`Headers::insert_pieces`]).
+fn value_of(pieces: &[Piece], is_unique: bool) -> HeaderValue {
+    let mut text = Vec::new();
+    for piece in pieces {
+        piece.write(&mut text);
+    }
+    let mut value = HeaderValue::from_maybe_shared(Bytes::from(text))
+        .expect("the gateway's own text and digits are header text");
+    value.set_sensitive(is_unique);
+    value
 }
 
 /// `gateway.header_case`: how header names are written on HTTP/1.1 (HTTP/2 always writes them
@@ -215,16 +239,18 @@ pub struct Lines<'a> {
 }
 
 impl Lines<'_> {
-    fn insert(&mut self, name: &Name, value: &HeaderValue) {
+    /// Writes `name`'s line, its value written by `value`, in place of the message's own.
+    fn insert(&mut self, name: &Name, value: impl FnOnce(&mut BytesMut)) {
         self.message.remove(&name.parsed);
         let written = if self.lower {
             name.parsed.as_str()
         } else {
             name.cased
         };
-        for part in [written.as_bytes(), b": ", value.as_bytes(), b"\r\n"] {
-            self.text.extend_from_slice(part);
-        }
+        self.text.extend_from_slice(written.as_bytes());
+        self.text.extend_from_slice(b": ");
+        value(&mut self.text);
+        self.text.extend_from_slice(b"\r\n");
     }
 }
 
@@ -266,9 +292,30 @@ impl Headers<'_> {
     /// Sets `name` to `value`, replacing what was there.
     pub fn insert(&mut self, name: &Name, value: HeaderValue) {
         match self {
-            Headers::Lines(lines) => lines.insert(name, &value),
+            Headers::Lines(lines) => lines.insert(name, |text| text.put_slice(value.as_bytes())),
             Headers::Map(map) => {
                 map.insert(name.parsed.clone(), value);
+            }
+        }
+    }
+
+    /// Sets `name` to the value made of `pieces`, replacing what was there.
+    ///
+    /// `is_unique` marks a value unique to one response (the request's id, what is left of a
+    /// window) for HPACK never to index it: such a value only churns an HTTP/2 connection's
+    /// header table, inserted and never used again, evicting values that do repeat, and each
+    /// later response's lookup of its name walks the stale values still there (3,000
+    /// instructions a request, measured). Sent as literals, such values cost their names' bytes
+    /// (about 23 a response). HTTP/1.1 ignores the mark.
+    pub fn insert_pieces(&mut self, name: &Name, pieces: &[Piece], is_unique: bool) {
+        match self {
+            Headers::Lines(lines) => lines.insert(name, |text| {
+                for piece in pieces {
+                    piece.write(text);
+                }
+            }),
+            Headers::Map(map) => {
+                map.insert(name.parsed.clone(), value_of(pieces, is_unique));
             }
         }
     }
@@ -368,27 +415,25 @@ fn own_values(map: &mut HeaderMap) {
     }
 }
 
-/// `value`, marked for HPACK never to index it. A value unique to one response (the request's
-/// id, what is left of a window) only churns an HTTP/2 connection's header table: inserted,
-/// never used again, it evicts values that do repeat, and each later response's lookup of its
-/// name walks the stale values still there (3,000 instructions a request, measured). Sent as
-/// literals, such values cost their names' bytes (about 23 a response). HTTP/1.1 ignores the
-/// mark; so does a value's text, which stays what it is.
-fn unique(mut value: HeaderValue) -> HeaderValue {
-    value.set_sensitive(true);
-    value
-}
-
 /// Adds the rate-limit headers `rate` describes, at `now_ms`.
 pub fn insert_rate_headers(headers: &mut Headers, rate: &RateHeaders, now_ms: u64) {
-    headers.insert(&X_RATELIMIT_LIMIT, number(rate.limit));
-    headers.insert(&X_RATELIMIT_REMAINING, unique(number(rate.remaining)));
-    headers.insert(&X_RATELIMIT_RESET, number(ceil_secs(rate.reset_ms)));
+    headers.insert_pieces(&X_RATELIMIT_LIMIT, &[Piece::Number(rate.limit)], false);
+    headers.insert_pieces(
+        &X_RATELIMIT_REMAINING,
+        &[Piece::Number(rate.remaining)],
+        true,
+    );
+    headers.insert_pieces(
+        &X_RATELIMIT_RESET,
+        &[Piece::Number(ceil_secs(rate.reset_ms))],
+        false,
+    );
     headers.insert(&RATELIMIT_POLICY, rate.policy.clone());
     let seconds_left = ceil_secs(rate.reset_ms.saturating_sub(now_ms));
-    headers.insert(
+    headers.insert_pieces(
         &RATELIMIT,
-        unique(rate_limit_field(rate.name, rate.remaining, seconds_left)),
+        &rate_limit_field(rate.name, rate.remaining, seconds_left),
+        true,
     );
 }
 
@@ -408,7 +453,7 @@ pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx, http2: bool) -> pingor
         if let Some(rate) = &ctx.rate {
             insert_rate_headers(headers, rate, ctx.now_ms);
         }
-        headers.insert(&X_REQUEST_ID, unique(ctx.request_id.header()));
+        headers.insert_pieces(&X_REQUEST_ID, &[Piece::Id(&ctx.request_id)], true);
     })?;
     crate::cors::decorate(response, &ctx.cors)?;
     if let Some(d) = ctx.deprecation.as_deref() {
@@ -599,11 +644,16 @@ mod tests {
 
     #[test]
     fn values_render_as_the_draft_and_the_x_headers_say() {
-        assert_eq!(number(0), "0");
-        assert_eq!(number(u64::MAX), u64::MAX.to_string().as_str());
-        assert_eq!(rate_limit_field("minute", 59, 42), "\"minute\";r=59;t=42");
+        assert_eq!(value_of(&[Piece::Number(0)], false), "0");
+        let max = value_of(&[Piece::Number(u64::MAX)], true);
+        assert_eq!(max, u64::MAX.to_string().as_str());
+        assert!(max.is_sensitive());
         assert_eq!(
-            rate_limit_field(FAILED_AUTH, u64::MAX, 0),
+            value_of(&rate_limit_field("minute", 59, 42), true),
+            "\"minute\";r=59;t=42"
+        );
+        assert_eq!(
+            value_of(&rate_limit_field(FAILED_AUTH, u64::MAX, 0), true),
             format!("\"failed-auth\";r={};t=0", u64::MAX).as_str()
         );
     }

@@ -52,7 +52,9 @@ use crate::client_stream::ClientStream;
 use crate::cors::{Cors, CorsPolicy};
 use crate::deprecation::Deprecation;
 use crate::errors::{GatewayError, client_went_away, respond, retract};
-use crate::headers::{self, RateHeaders, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID};
+use crate::headers::{
+    self, Piece, RateHeaders, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID,
+};
 use crate::keyring::Keyring;
 use crate::keys::ActiveKey;
 use crate::metrics;
@@ -444,7 +446,7 @@ impl ProxyHttp for Gateway {
             .or_err(ErrorType::InvalidHTTPHeader, "X-Forwarded-For")?;
         upstream.remove_header(&http::header::AUTHORIZATION);
         headers::with_request_headers(upstream, ctx.settings.header_case, |headers| {
-            headers.insert(&X_REQUEST_ID, ctx.request_id.header());
+            headers.insert_pieces(&X_REQUEST_ID, &[Piece::Id(&ctx.request_id)], false);
             headers.insert(&X_FORWARDED_FOR, forwarded);
             if let Some(key) = &ctx.key {
                 headers.insert(&X_API_KEY_ID, key.id_header.clone());

@@ -3,13 +3,12 @@
 //! The counter is not shown as it is: it goes through a permutation of the 64-bit numbers keyed
 //! at start, so ids stay unique but do not count up, and a client comparing two of its ids
 //! learns nothing of how many requests the gateway served in between.
-//! Rendered once per request as the header value that goes upstream and back to the client;
-//! both share it.
+//! Held as its 24 digits, with no allocation: the header lines of the request going upstream
+//! and of the response copy them where they go.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use http::HeaderValue;
 use once_cell::sync::Lazy;
 
 /// A process's prefix, the keys of its permutation, and its counter.
@@ -42,9 +41,9 @@ fn permute(n: u64, keys: [u64; 3]) -> u64 {
     mix(mix(n ^ keys[0]) ^ keys[1]) ^ keys[2]
 }
 
-/// One request's id, as the `X-Request-Id` value.
+/// One request's id, the `X-Request-Id` value: 24 hex digits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestId(HeaderValue);
+pub struct RequestId([u8; 24]);
 
 impl RequestId {
     /// The next id of this process.
@@ -56,18 +55,17 @@ impl RequestId {
         bytes[4..].copy_from_slice(&permute(n, ids.keys).to_be_bytes());
         let mut text = [0u8; 24];
         hex::encode_to_slice(bytes, &mut text).expect("24 digits for 12 bytes");
-        RequestId(HeaderValue::from_bytes(&text).expect("hex digits are header text"))
+        RequestId(text)
     }
 
-    /// The header value (shared, not copied).
-    pub fn header(&self) -> HeaderValue {
-        self.0.clone()
+    /// The id's digits, as bytes of header text.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
     }
 
-    /// The id as text, for logs.
+    /// The id as text.
     pub fn as_str(&self) -> &str {
-        // Hex digits only, so always text.
-        self.0.to_str().unwrap_or_default()
+        std::str::from_utf8(&self.0).expect("hex digits are text")
     }
 }
 
@@ -88,7 +86,7 @@ mod tests {
             assert_eq!(id.as_str().len(), 24);
             assert!(id.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
             assert_eq!(id.to_string(), id.as_str());
-            assert_eq!(id.header().as_bytes(), id.as_str().as_bytes());
+            assert_eq!(id.as_bytes(), id.as_str().as_bytes());
         }
         assert_eq!(a.as_str()[..8], b.as_str()[..8], "one prefix per process");
         assert_ne!(a, b);
