@@ -15,6 +15,8 @@
 
 use std::net::IpAddr;
 
+use bytes::BufMut;
+use http::HeaderValue;
 use ipnet::IpNet;
 
 /// The proxies whose `X-Forwarded-For` is believed.
@@ -62,35 +64,56 @@ impl TrustedProxies {
     }
 
     /// The `X-Forwarded-For` to send upstream for a request from `peer` whose client is
-    /// `client`: what was `received`, if `peer` is trusted, then the `client`.
-    pub fn forward(&self, peer: IpAddr, client: IpAddr, received: Option<&str>) -> String {
-        let earlier = received.filter(|r| !r.trim().is_empty() && self.trusts(peer));
-        let mut text = String::with_capacity(earlier.map_or(0, |e| e.len() + 2) + 15);
-        if let Some(earlier) = earlier {
-            text.push_str(earlier);
-            text.push_str(", ");
-        }
-        push_ip(&mut text, client);
-        text
+    /// `client`: what was `received`, if `peer` is trusted and it is text, then the `client`.
+    pub fn forward(
+        &self,
+        peer: IpAddr,
+        client: IpAddr,
+        received: Option<&HeaderValue>,
+    ) -> Forwarded {
+        let earlier = received
+            .filter(|r| r.to_str().is_ok_and(|r| !r.trim().is_empty()) && self.trusts(peer))
+            .cloned();
+        Forwarded { earlier, client }
     }
 }
 
-/// Appends `ip` as `Display` writes it. An IPv4 address, the common case on every request, is
+/// The `X-Forwarded-For` value to send upstream ([`TrustedProxies::forward`]), written where it
+/// goes rather than built first.
+#[derive(Debug, Clone)]
+pub struct Forwarded {
+    /// What a trusted proxy sent: visible text, kept with the value it came in.
+    earlier: Option<HeaderValue>,
+    client: IpAddr,
+}
+
+impl Forwarded {
+    /// Writes the value, header text: what was received, if anything, then the client.
+    pub fn write(&self, out: &mut impl BufMut) {
+        if let Some(earlier) = &self.earlier {
+            out.put_slice(earlier.as_bytes());
+            out.put_slice(b", ");
+        }
+        write_ip(out, self.client);
+    }
+}
+
+/// Writes `ip` as `Display` writes it. An IPv4 address, the common case on every request, is
 /// written a digit group at a time: `Display` goes through `fmt` and took 1,260 instructions
 /// per request (callgrind), a tenth of the gateway's own work outside the header maps.
-fn push_ip(text: &mut String, ip: IpAddr) {
+fn write_ip(out: &mut impl BufMut, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    text.push('.');
+                    out.put_u8(b'.');
                 }
-                text.push_str(itoa::Buffer::new().format(octet));
+                out.put_slice(itoa::Buffer::new().format(octet).as_bytes());
             }
         }
         IpAddr::V6(v6) => {
-            use std::fmt::Write;
-            write!(text, "{v6}").expect("a String takes any text");
+            use std::io::Write;
+            write!(out.writer(), "{v6}").expect("a growing buffer takes any text");
         }
     }
 }
@@ -153,10 +176,20 @@ mod tests {
         assert_eq!(lb.client(ip("10.1.2.3"), xff("10.0.0.9")), ip("10.1.2.3"));
     }
 
+    /// What `forward` writes.
+    fn text(forwarded: &Forwarded) -> String {
+        let mut out = Vec::new();
+        forwarded.write(&mut out);
+        String::from_utf8(out).unwrap()
+    }
+
     #[test]
     fn upstream_sees_the_client_appended_to_what_a_trusted_proxy_sent() {
         let lb = TrustedProxies::parse(&["10.0.0.0/8".to_owned()]).unwrap();
-        let forward = |client, received| lb.forward(ip("10.0.0.1"), ip(client), received);
+        let forward = |client, received: Option<&'static str>| {
+            let received = received.map(HeaderValue::from_static);
+            text(&lb.forward(ip("10.0.0.1"), ip(client), received.as_ref()))
+        };
         assert_eq!(
             forward("203.0.113.9", Some("203.0.113.9")),
             "203.0.113.9, 203.0.113.9"
@@ -171,13 +204,20 @@ mod tests {
             forward("2001:db8::1", Some("10.0.0.1")),
             "10.0.0.1, 2001:db8::1"
         );
-        // What a peer that is not trusted sent is not passed on.
+        // A value that is not text (obs-text) is not passed on.
+        let opaque = HeaderValue::from_bytes(b"1.2.3.4 \xff").unwrap();
         assert_eq!(
-            lb.forward(ip("192.0.2.1"), ip("192.0.2.1"), Some("1.2.3.4")),
+            text(&lb.forward(ip("10.0.0.1"), ip("10.0.0.2"), Some(&opaque))),
+            "10.0.0.2"
+        );
+        // What a peer that is not trusted sent is not passed on.
+        let sent = HeaderValue::from_static("1.2.3.4");
+        assert_eq!(
+            text(&lb.forward(ip("192.0.2.1"), ip("192.0.2.1"), Some(&sent))),
             "192.0.2.1"
         );
         assert_eq!(
-            TrustedProxies::default().forward(ip("10.0.0.1"), ip("10.0.0.1"), Some("1.2.3.4")),
+            text(&TrustedProxies::default().forward(ip("10.0.0.1"), ip("10.0.0.1"), Some(&sent))),
             "10.0.0.1"
         );
     }
@@ -190,9 +230,9 @@ mod tests {
             } else {
                 IpAddr::from(std::net::Ipv6Addr::from_bits(bits))
             };
-            let mut text = String::new();
-            push_ip(&mut text, ip);
-            proptest::prop_assert_eq!(text, ip.to_string());
+            let mut text = Vec::new();
+            write_ip(&mut text, ip);
+            proptest::prop_assert_eq!(String::from_utf8(text).unwrap(), ip.to_string());
         }
     }
 

@@ -11,6 +11,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use serde::Deserialize;
 
 use crate::auth::Budget;
+use crate::client::Forwarded;
 use crate::limits::{Decision, Quota, ceil_secs};
 use crate::plans::Limits;
 use crate::proxy::Ctx;
@@ -79,7 +80,7 @@ pub fn address_policy(per_minute: u32) -> HeaderValue {
 }
 
 /// A piece of a value the gateway writes, each header text by its type: text of its own, a
-/// number's digits, a request's id. Lines write pieces where they go, with no `HeaderValue`
+/// number's digits, a request's id, a forwarded chain. Lines write pieces where they go, with no `HeaderValue`
 /// between; only the map path builds one.
 #[derive(Debug, Clone, Copy)]
 pub enum Piece<'a> {
@@ -89,6 +90,8 @@ pub enum Piece<'a> {
     Number(u64),
     /// A request's id (hex digits).
     Id(&'a RequestId),
+    /// The `X-Forwarded-For` going upstream.
+    Forwarded(&'a Forwarded),
 }
 
 impl Piece<'_> {
@@ -97,6 +100,7 @@ impl Piece<'_> {
             Piece::Text(text) => out.put_slice(text.as_bytes()),
             Piece::Number(n) => out.put_slice(itoa::Buffer::new().format(n).as_bytes()),
             Piece::Id(id) => out.put_slice(id.as_bytes()),
+            Piece::Forwarded(forwarded) => forwarded.write(out),
         }
     }
 }

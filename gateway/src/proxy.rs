@@ -42,7 +42,7 @@ use http::{HeaderValue, StatusCode};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::protocols::http::v1::common::is_expect_continue_req;
-use pingora::{Error, ErrorSource, ErrorType, OrErr, Result, RetryType};
+use pingora::{Error, ErrorSource, ErrorType, Result, RetryType};
 use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
 use crate::access_log::{self, AccessLog};
@@ -434,20 +434,15 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
-        let received = upstream
-            .headers
-            .get(&X_FORWARDED_FOR.parsed)
-            .and_then(|v| v.to_str().ok());
+        let received = upstream.headers.get(&X_FORWARDED_FOR.parsed);
         let forwarded =
             ctx.settings
                 .trusted_proxies
                 .forward(peer_ip(session), ctx.client, received);
-        let forwarded = HeaderValue::try_from(forwarded)
-            .or_err(ErrorType::InvalidHTTPHeader, "X-Forwarded-For")?;
         upstream.remove_header(&http::header::AUTHORIZATION);
         headers::with_request_headers(upstream, ctx.settings.header_case, |headers| {
             headers.insert_pieces(&X_REQUEST_ID, &[Piece::Id(&ctx.request_id)], false);
-            headers.insert(&X_FORWARDED_FOR, forwarded);
+            headers.insert_pieces(&X_FORWARDED_FOR, &[Piece::Forwarded(&forwarded)], false);
             if let Some(key) = &ctx.key {
                 headers.insert(&X_API_KEY_ID, key.id_header.clone());
                 headers.insert(&X_API_PLAN, key.plan.clone());
