@@ -80,8 +80,8 @@ pub fn address_policy(per_minute: u32) -> HeaderValue {
 }
 
 /// A piece of a value the gateway writes, each header text by its type: text of its own, a
-/// number's digits, a request's id, a forwarded chain. Lines write pieces where they go, with no `HeaderValue`
-/// between; only the map path builds one.
+/// number's digits, a request's id, a forwarded chain. Lines write pieces where they go, with
+/// no `HeaderValue` between; only the map path builds one.
 #[derive(Debug, Clone, Copy)]
 pub enum Piece<'a> {
     /// The gateway's own header text (a policy name, a separator).
@@ -95,6 +95,16 @@ pub enum Piece<'a> {
 }
 
 impl Piece<'_> {
+    /// The most bytes the piece writes, if that is bounded.
+    fn max_len(self) -> Option<usize> {
+        match self {
+            Piece::Text(text) => Some(text.len()),
+            Piece::Number(_) => Some(u64::MAX.ilog10() as usize + 1),
+            Piece::Id(id) => Some(id.as_bytes().len()),
+            Piece::Forwarded(_) => None,
+        }
+    }
+
     fn write(self, out: &mut impl BufMut) {
         match self {
             Piece::Text(text) => out.put_slice(text.as_bytes()),
@@ -118,14 +128,32 @@ fn rate_limit_field(name: &'static str, remaining: u64, seconds_left: u64) -> [P
 }
 
 /// `pieces` as a header value, marked as unique to its response if `is_unique` (see
-/// [`Headers::insert_pieces`]).
+/// [`Headers::insert_pieces`]). Written on the stack if it surely fits, as the values of the
+/// map path do, so the value is its one allocation.
 fn value_of(pieces: &[Piece], is_unique: bool) -> HeaderValue {
-    let mut text = Vec::new();
-    for piece in pieces {
-        piece.write(&mut text);
-    }
-    let mut value = HeaderValue::from_maybe_shared(Bytes::from(text))
-        .expect("the gateway's own text and digits are header text");
+    let mut stack = [0u8; 128];
+    let fits = pieces
+        .iter()
+        .try_fold(0, |total, piece| Some(total + piece.max_len()?))
+        .is_some_and(|most| most <= stack.len());
+    let value = if fits {
+        let size = stack.len();
+        let written = {
+            let mut rest = &mut stack[..];
+            for piece in pieces {
+                piece.write(&mut rest);
+            }
+            size - rest.len()
+        };
+        HeaderValue::from_bytes(&stack[..written])
+    } else {
+        let mut text = Vec::new();
+        for piece in pieces {
+            piece.write(&mut text);
+        }
+        HeaderValue::from_maybe_shared(Bytes::from(text))
+    };
+    let mut value = value.expect("the gateway's own text and digits are header text");
     value.set_sensitive(is_unique);
     value
 }
@@ -659,6 +687,16 @@ mod tests {
         assert_eq!(
             value_of(&rate_limit_field(FAILED_AUTH, u64::MAX, 0), true),
             format!("\"failed-auth\";r={};t=0", u64::MAX).as_str()
+        );
+        // A value with no bound on its length (a trusted proxy's chain) is written on the heap.
+        let chain = vec!["203.0.113.9"; 40].join(", ");
+        let received = HeaderValue::from_str(&chain).unwrap();
+        let proxies = crate::client::TrustedProxies::parse(&["10.0.0.0/8".to_owned()]).unwrap();
+        let client = "198.51.100.4".parse().unwrap();
+        let forwarded = proxies.forward("10.0.0.1".parse().unwrap(), client, Some(&received));
+        assert_eq!(
+            value_of(&[Piece::Forwarded(&forwarded)], false),
+            format!("{chain}, 198.51.100.4").as_str()
         );
     }
 }
