@@ -115,6 +115,13 @@ impl Piece<'_> {
     }
 }
 
+/// Writes `pieces` one after another.
+fn write_pieces(pieces: &[Piece], out: &mut impl BufMut) {
+    for piece in pieces {
+        piece.write(out);
+    }
+}
+
 /// The draft `RateLimit` value, `"<policy>";r=<remaining>;t=<seconds>`.
 fn rate_limit_field(name: &'static str, remaining: u64, seconds_left: u64) -> [Piece<'static>; 6] {
     [
@@ -140,17 +147,13 @@ fn value_of(pieces: &[Piece], is_unique: bool) -> HeaderValue {
         let size = stack.len();
         let written = {
             let mut rest = &mut stack[..];
-            for piece in pieces {
-                piece.write(&mut rest);
-            }
+            write_pieces(pieces, &mut rest);
             size - rest.len()
         };
         HeaderValue::from_bytes(&stack[..written])
     } else {
         let mut text = Vec::new();
-        for piece in pieces {
-            piece.write(&mut text);
-        }
+        write_pieces(pieces, &mut text);
         HeaderValue::from_maybe_shared(Bytes::from(text))
     };
     let mut value = value.expect("the gateway's own text and digits are header text");
@@ -357,11 +360,7 @@ impl Headers<'_> {
     /// (about 23 a response). HTTP/1.1 ignores the mark.
     pub fn insert_pieces(&mut self, name: &Name, pieces: &[Piece], is_unique: bool) {
         match self {
-            Headers::Lines(lines) => lines.insert(name, |text| {
-                for piece in pieces {
-                    piece.write(text);
-                }
-            }),
+            Headers::Lines(lines) => lines.insert(name, |text| write_pieces(pieces, text)),
             Headers::Map(map) => {
                 map.insert(name.parsed.clone(), value_of(pieces, is_unique));
             }
