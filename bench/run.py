@@ -11,7 +11,8 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis,instr):
            bare pingora pass-through, the gateway (embedded store, Redis store, two gateways on
            one Redis); req/s, p99, proxy CPU time per request
   open     open loop at fixed offered rates (oha -q RATE --latency-correction): p50/p99 against
-           offered load, plotted to bench/latency.svg
+           offered load, each rate ROUNDS times in alternating order, medians plotted to
+           bench/latency.svg
   idle     RSS of each proxy holding 10,000 idle keep-alive connections that each made one GET
            (`serve`: the median of ROUNDS fresh processes); with tls, also over HTTPS/1.1 and
            HTTP/2 for the gateway and nginx
@@ -362,16 +363,27 @@ def part_open(upstream, results):
     contenders = results["get_procs"]
     nginx_max = statistics.median(r["rps"] for r in results["get"]["nginx"])
     rates = [int(nginx_max * f) for f in (0.25, 0.5, 0.75)]
-    rows = {}
-    for name, (proc, port) in contenders.items():
-        key = results["keys"][name]
-        rows[name] = []
-        for rate in rates:
-            r = oha(f"http://127.0.0.1:{port}/v1/pets", rate, key)
-            r["rate"] = rate
-            rows[name].append(r)
-            log(f"  {name} at {rate}/s: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, achieved {r['rps']:.0f}/s")
-    results["open"] = {"rates": rates, "rows": rows}
+    # A p99 of one 8 s run moves with a single stall of the machine: every contender runs every
+    # rate once a round, in alternating order as in the closed loop, and the rounds' medians are
+    # reported with their range.
+    runs = {name: {rate: [] for rate in rates} for name in contenders}
+    names = list(contenders)
+    for rnd in range(ROUNDS):
+        for name in names if rnd % 2 == 0 else list(reversed(names)):
+            _, port = contenders[name]
+            key = results["keys"][name]
+            for rate in rates:
+                r = oha(f"http://127.0.0.1:{port}/v1/pets", rate, key)
+                runs[name][rate].append(r)
+                log(f"  round {rnd + 1} {name} at {rate}/s: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, "
+                    f"achieved {r['rps']:.0f}/s")
+    rows = {name: [{"rate": rate,
+                    "p50": statistics.median(r["p50"] for r in by_rate[rate]),
+                    "p99": statistics.median(r["p99"] for r in by_rate[rate]),
+                    "p99_range": (min(r["p99"] for r in by_rate[rate]), max(r["p99"] for r in by_rate[rate]))}
+                   for rate in rates]
+            for name, by_rate in runs.items()}
+    results["open"] = {"rates": rates, "rows": rows, "runs": runs}
     plot(results["open"], BENCH / "latency.svg")
 
 
@@ -781,8 +793,15 @@ def report(results):
                   "| path | " + " | ".join(f"{r}/s p50 / p99 ms" for r in o["rates"]) + " |",
                   "|---|" + "---|" * len(o["rates"])]
         for n, series in o["rows"].items():
-            lines.append(f"| {n} | " + " | ".join(f"{s['p50']:.2f} / {s['p99']:.2f}" for s in series) + " |")
-        lines.append("")
+            lines.append(f"| {n} | " + " | ".join(
+                f"{s['p50']:.2f} / {s['p99']:.2f} ({s['p99_range'][0]:.2f}-{s['p99_range'][1]:.2f})"
+                for s in series) + " |")
+        half = o["rates"][1]
+        p99 = {n: [r["p99"] for r in o["runs"][n][half]] for n in ("nginx", "gateway (embedded)")}
+        per_round = [g / n for g, n in zip(p99["gateway (embedded)"], p99["nginx"])]
+        lines += ["", f"Medians of {ROUNDS} rounds, p99's range in brackets. At half of nginx's maximum "
+                  f"({half}/s), the gateway's p99 over nginx's: **{statistics.median(p99['gateway (embedded)']) / statistics.median(p99['nginx']):.2f}x** "
+                  f"(medians; round by round {', '.join(f'{x:.2f}x' for x in per_round)}).", ""]
     if "idle" in results:
         lines += [f"## Memory: {IDLE:,} idle keep-alive connections, each after one GET", "",
                   "| path | connections | RSS before MiB | RSS with the connections MiB | bytes per connection |",
