@@ -80,7 +80,7 @@ impl TrustedProxies {
 
 /// The `X-Forwarded-For` value to send upstream ([`TrustedProxies::forward`]), written where it
 /// goes rather than built first.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Forwarded {
     /// What a trusted proxy sent: visible text, kept with the value it came in.
     earlier: Option<HeaderValue>,
