@@ -674,6 +674,27 @@ mod tests {
     }
 
     #[test]
+    fn an_upstreams_ratelimit_fields_alone_are_replaced_too() {
+        // No name of the message begins with `x`: the `RateLimit` fields must still be found.
+        let ctx = counted();
+        let mut response = ResponseHeader::build(200, None).unwrap();
+        for (name, value) in [
+            ("Content-Type", "application/json"),
+            ("RateLimit-Policy", "\"upstream\";q=1"),
+            ("ratelimit", "\"upstream\";r=0"),
+        ] {
+            response.append_header(name, value).unwrap();
+        }
+        decorate(&mut response, &ctx, false).unwrap();
+        let mut wire = Vec::new();
+        response.header_to_h1_wire(&mut wire);
+        let wire = String::from_utf8(wire).unwrap();
+        assert!(!wire.contains("upstream"), "{wire}");
+        assert_eq!(wire.matches("RateLimit-Policy: ").count(), 1, "{wire}");
+        assert_eq!(wire.matches("RateLimit: ").count(), 1, "{wire}");
+    }
+
+    #[test]
     fn a_request_upstream_carries_the_gateways_values_in_place_of_the_clients() {
         let mut request = RequestHeader::build("GET", b"/v1/pets", None).unwrap();
         request.append_header("Host", "store.test").unwrap();
