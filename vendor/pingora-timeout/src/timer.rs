@@ -99,6 +99,13 @@ impl From<Duration> for Time {
 }
 
 impl Time {
+    /// Animal Store's patch: the tick a timer due `since_zero` fires at. Its part of a
+    /// millisecond is rounded up, where `Time::from(Duration)` drops it, so a timer never fires
+    /// before its duration: it could fire up to a millisecond early.
+    fn deadline(since_zero: Duration) -> Time {
+        since_zero.as_nanos().div_ceil(1_000_000).max(1).into()
+    }
+
     pub fn not_after(&self, ts: u128) -> bool {
         self.0 <= ts
     }
@@ -249,11 +256,8 @@ impl TimerManager {
             timer.fire();
             return timer.subscribe();
         }
-        // Animal Store's patch: the deadline's part of a millisecond is rounded up, where
-        // `Time::from(Duration)` drops it, so a timer never fires before its duration: it could
-        // fire up to a millisecond early.
-        let deadline = (Instant::now() + duration - self.zero).as_nanos();
-        let now: Time = deadline.div_ceil(1_000_000).max(1).into();
+        // Animal Store's patch: see `Time::deadline`.
+        let now = Time::deadline(Instant::now() + duration - self.zero);
         {
             let timers = self.timers.get_or(|| RwLock::new(BTreeMap::new())).read();
             if let Some(t) = timers.get(&now) {
@@ -352,6 +356,16 @@ mod tests {
         std::thread::sleep(Duration::from_secs(DELAYS_SEC as u64 + 1));
         assert!(tm.is_clock_running().is_err());
         assert!(tm.should_i_start_clock());
+    }
+
+    // Animal Store's patch: a deadline's part of a millisecond moves it to the next tick.
+    #[test]
+    fn deadlines_round_their_part_of_a_millisecond_up() {
+        assert_eq!(Time::deadline(Duration::from_millis(20)), Time(20));
+        assert_eq!(Time::deadline(Duration::from_nanos(20_000_001)), Time(30));
+        assert_eq!(Time::deadline(Duration::from_micros(29_999)), Time(30));
+        assert_eq!(Time::deadline(Duration::from_micros(30_500)), Time(40));
+        assert_eq!(Time::deadline(Duration::ZERO), Time(10));
     }
 
     // Animal Store's patch: a timer never fires before its duration has passed.
