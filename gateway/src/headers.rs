@@ -641,22 +641,34 @@ mod tests {
         assert_eq!(response.headers["x-request-id"], ctx.request_id.as_str());
     }
 
+    /// An upstream's response with `fields`, decorated for `ctx` over HTTP/1.1: the response,
+    /// and its head as written.
+    fn decorated_h1(
+        ctx: &Ctx,
+        fields: &[(&'static str, &'static str)],
+    ) -> (ResponseHeader, String) {
+        let mut response = ResponseHeader::build(200, None).unwrap();
+        for &(name, value) in fields {
+            response.append_header(name, value).unwrap();
+        }
+        decorate(&mut response, ctx, false).unwrap();
+        let mut wire = Vec::new();
+        response.header_to_h1_wire(&mut wire);
+        (response, String::from_utf8(wire).unwrap())
+    }
+
     #[test]
     fn an_http1_response_carries_the_gateways_values_once_in_their_documented_case() {
         let ctx = counted();
-        let mut response = ResponseHeader::build(200, None).unwrap();
-        for (name, value) in [
-            ("Content-Type", "application/json"),
-            ("x-request-id", "from-the-upstream"),
-            ("X-RATELIMIT-LIMIT", "5"),
-            ("X-Upstream-Thing", "kept"),
-        ] {
-            response.append_header(name, value).unwrap();
-        }
-        decorate(&mut response, &ctx, false).unwrap();
-        let mut wire = Vec::new();
-        response.header_to_h1_wire(&mut wire);
-        let wire = String::from_utf8(wire).unwrap();
+        let (response, wire) = decorated_h1(
+            &ctx,
+            &[
+                ("Content-Type", "application/json"),
+                ("x-request-id", "from-the-upstream"),
+                ("X-RATELIMIT-LIMIT", "5"),
+                ("X-Upstream-Thing", "kept"),
+            ],
+        );
         let id = ctx.request_id.as_str();
         assert_eq!(
             wire,
@@ -676,19 +688,14 @@ mod tests {
     #[test]
     fn an_upstreams_ratelimit_fields_alone_are_replaced_too() {
         // No name of the message begins with `x`: the `RateLimit` fields must still be found.
-        let ctx = counted();
-        let mut response = ResponseHeader::build(200, None).unwrap();
-        for (name, value) in [
-            ("Content-Type", "application/json"),
-            ("RateLimit-Policy", "\"upstream\";q=1"),
-            ("ratelimit", "\"upstream\";r=0"),
-        ] {
-            response.append_header(name, value).unwrap();
-        }
-        decorate(&mut response, &ctx, false).unwrap();
-        let mut wire = Vec::new();
-        response.header_to_h1_wire(&mut wire);
-        let wire = String::from_utf8(wire).unwrap();
+        let (_, wire) = decorated_h1(
+            &counted(),
+            &[
+                ("Content-Type", "application/json"),
+                ("RateLimit-Policy", "\"upstream\";q=1"),
+                ("ratelimit", "\"upstream\";r=0"),
+            ],
+        );
         assert!(!wire.contains("upstream"), "{wire}");
         assert_eq!(wire.matches("RateLimit-Policy: ").count(), 1, "{wire}");
         assert_eq!(wire.matches("RateLimit: ").count(), 1, "{wire}");
