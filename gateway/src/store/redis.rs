@@ -102,6 +102,9 @@ pub struct RedisStore {
     /// Where Redis last said each key stands: what a key starts from in `local`.
     heard: DashMap<KeyId, Heard, foldhash::fast::RandomState>,
     instance: String,
+    /// Held by a heartbeat through its round trip and by `leave`; true once this gateway has
+    /// left the live set, so no heartbeat in flight or after puts it back.
+    left: tokio::sync::Mutex<bool>,
 }
 
 impl RedisStore {
@@ -121,6 +124,7 @@ impl RedisStore {
             local: Limiter::new(),
             heard: DashMap::default(),
             instance: hex::encode(instance),
+            left: tokio::sync::Mutex::new(false),
         });
         metrics::LIMIT_STORE_UP.set(0);
         metrics::LIMIT_STORE_GATEWAYS.set(1);
@@ -303,6 +307,10 @@ impl RedisStore {
 
     /// Announces this gateway, counts the live ones, and marks Redis up when it answers.
     async fn heartbeat(&self) -> Result<(), RedisError> {
+        let left = self.left.lock().await;
+        if *left {
+            return Ok(());
+        }
         let mut conn = within(CONNECT_TIMEOUT, self.hub.connect()).await?;
         let now = crate::unix_ms();
         let (_, _, alive): (i64, i64, u64) =
@@ -342,21 +350,29 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Removes this gateway from the live set, so the others' shares grow at once.
+    /// Removes this gateway from the live set, so the others' shares grow at once. Waits for a
+    /// heartbeat in flight, whose `ZADD` would otherwise land after the `ZREM`, and stops those
+    /// to come.
     pub fn leave(&self) {
-        if let Some(mut conn) = self.hub.conn() {
-            let result: Result<(), RedisError> = self.hub.block_on(within(self.timeout, async {
+        self.hub.block_on(async {
+            let mut left = self.left.lock().await;
+            *left = true;
+            let Some(mut conn) = self.hub.conn() else {
+                return;
+            };
+            let result: Result<(), RedisError> = within(self.timeout, async {
                 let _: i64 = redis::cmd("ZREM")
                     .arg(GATEWAYS_KEY)
                     .arg(&self.instance)
                     .query_async(&mut conn)
                     .await?;
                 Ok(())
-            }));
+            })
+            .await;
             if let Err(e) = result {
                 log::debug!("gateway: could not leave the live set: {e}");
             }
-        }
+        });
     }
 }
 
