@@ -102,9 +102,10 @@ pub struct RedisStore {
     /// Where Redis last said each key stands: what a key starts from in `local`.
     heard: DashMap<KeyId, Heard, foldhash::fast::RandomState>,
     instance: String,
-    /// Held by a heartbeat through its round trip and by `leave`; true once this gateway has
-    /// left the live set, so no heartbeat in flight or after puts it back.
-    left: tokio::sync::Mutex<bool>,
+    /// Set as this gateway leaves the live set: later heartbeats do nothing.
+    left: AtomicBool,
+    /// Held by a heartbeat through its round trip, so that leaving waits for one in flight.
+    beating: tokio::sync::Mutex<()>,
 }
 
 impl RedisStore {
@@ -124,7 +125,8 @@ impl RedisStore {
             local: Limiter::new(),
             heard: DashMap::default(),
             instance: hex::encode(instance),
-            left: tokio::sync::Mutex::new(false),
+            left: AtomicBool::new(false),
+            beating: tokio::sync::Mutex::new(()),
         });
         metrics::LIMIT_STORE_UP.set(0);
         metrics::LIMIT_STORE_GATEWAYS.set(1);
@@ -307,8 +309,8 @@ impl RedisStore {
 
     /// Announces this gateway, counts the live ones, and marks Redis up when it answers.
     async fn heartbeat(&self) -> Result<(), RedisError> {
-        let left = self.left.lock().await;
-        if *left {
+        let _beating = self.beating.lock().await;
+        if self.left.load(Ordering::Acquire) {
             return Ok(());
         }
         let mut conn = within(CONNECT_TIMEOUT, self.hub.connect()).await?;
@@ -350,13 +352,18 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Removes this gateway from the live set, so the others' shares grow at once. Waits for a
-    /// heartbeat in flight, whose `ZADD` would otherwise land after the `ZREM`, and stops those
-    /// to come.
+    /// Removes this gateway from the live set, so the others' shares grow at once. A heartbeat
+    /// in flight would put it back if its `ZADD` landed after the `ZREM`: leaving waits for it
+    /// (as long as a command may take; one still out then has a Redis that is not answering),
+    /// and stops those to come.
     pub fn leave(&self) {
+        self.left.store(true, Ordering::Release);
         self.hub.block_on(async {
-            let mut left = self.left.lock().await;
-            *left = true;
+            let wait = self.timeout.max(Duration::from_millis(500));
+            let Ok(_beating) = tokio::time::timeout(wait, self.beating.lock()).await else {
+                log::debug!("gateway: a heartbeat is still out; not leaving the live set");
+                return;
+            };
             let Some(mut conn) = self.hub.conn() else {
                 return;
             };
