@@ -358,13 +358,13 @@ impl RedisStore {
     /// and stops those to come.
     pub fn leave(&self) {
         self.left.store(true, Ordering::Release);
+        let Some(mut conn) = self.hub.conn() else {
+            return; // Redis never answered: this gateway is not in the set
+        };
         self.hub.block_on(async {
             let wait = self.timeout.max(Duration::from_millis(500));
             let Ok(_beating) = tokio::time::timeout(wait, self.beating.lock()).await else {
                 log::debug!("gateway: a heartbeat is still out; not leaving the live set");
-                return;
-            };
-            let Some(mut conn) = self.hub.conn() else {
                 return;
             };
             let result: Result<(), RedisError> = within(self.timeout, async {
