@@ -275,3 +275,24 @@ fn the_redis_store_admits_exactly_the_limit_under_concurrency() {
     });
     assert_eq!(admitted, 60);
 }
+
+/// A store that has left the live set stays out of it: its heartbeats (one every half second,
+/// each a `ZADD` of this gateway) stop, so a gateway that is shutting down is not counted among
+/// those sharing the limits until its entry grows stale. A store that has not left is counted.
+#[test]
+fn a_store_that_left_the_live_set_is_not_put_back_by_its_heartbeat() {
+    let redis = RedisServer::start();
+    let stays = redis_store(&redis.url());
+    let leaves = redis_store(&redis.url());
+    assert_eq!(redis.cli(&["ZCARD", "as:gateways"]).trim(), "2");
+    leaves.leave();
+    assert_eq!(redis.cli(&["ZCARD", "as:gateways"]).trim(), "1");
+    // Three heartbeats' time: each store would have beaten at least twice.
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    assert_eq!(
+        redis.cli(&["ZCARD", "as:gateways"]).trim(),
+        "1",
+        "a heartbeat after leaving put the store back"
+    );
+    drop(stays);
+}
