@@ -403,7 +403,6 @@ def part_open(upstream, results):
     plot(results["open"], BENCH / "latency.svg")
 
 
-
 def plot(open_results, path):
     """p99 latency (log scale) against offered load, one line per contender, as a small SVG."""
     import math
