@@ -18,6 +18,10 @@ use tokio::io::AsyncRead;
 use tokio_util::codec::FramedRead as InnerFramedRead;
 use tokio_util::codec::{LengthDelimitedCodec, LengthDelimitedCodecError};
 
+/// Animal Store's patch: what a released read buffer is allocated with again (`tokio_util`'s
+/// initial capacity).
+const READ_BUFFER_CAPACITY: usize = 8 * 1024;
+
 // 16 MB "sane default" taken from golang http2
 const DEFAULT_SETTINGS_MAX_HEADER_LIST_SIZE: usize = 16 << 20;
 
@@ -59,6 +63,16 @@ enum Continuable {
 }
 
 impl<T> FramedRead<T> {
+    /// Animal Store's patch: what the read buffer and the HPACK decoder's scratch buffer hold
+    /// allocated, for the patch's tests.
+    #[cfg(test)]
+    pub(crate) fn buffer_capacities(&self) -> (usize, usize) {
+        (
+            self.inner.read_buffer().capacity(),
+            self.decoder.hpack.buffer_capacity(),
+        )
+    }
+
     pub fn new(inner: InnerFramedRead<T, LengthDelimitedCodec>) -> FramedRead<T> {
         let decoder = FrameDecoder::new(inner.decoder().max_frame_length());
         FramedRead { inner, decoder }
@@ -421,10 +435,25 @@ where
         let _e = span.enter();
         loop {
             tracing::trace!("poll");
-            let bytes = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
-                Some(Ok(bytes)) => bytes,
-                Some(Err(e)) => return Poll::Ready(Some(Err(map_err(e)))),
-                None => return Poll::Ready(None),
+            // Animal Store's patch: a read buffer released below is allocated again before
+            // reading, with the capacity `tokio_util` starts it with.
+            if self.inner.read_buffer().capacity() == 0 {
+                *self.inner.read_buffer_mut() = BytesMut::with_capacity(READ_BUFFER_CAPACITY);
+            }
+            let bytes = match Pin::new(&mut self.inner).poll_next(cx) {
+                Poll::Ready(Some(Ok(bytes))) => bytes,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(map_err(e)))),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => {
+                    // Animal Store's patch: the peer has sent nothing more for now. With no
+                    // partial frame held, the connection waits without its read buffer (8 KiB)
+                    // or the HPACK decoder's scratch buffer (4 KiB).
+                    if self.inner.read_buffer().is_empty() {
+                        *self.inner.read_buffer_mut() = BytesMut::new();
+                        self.decoder.hpack.release_buffer();
+                    }
+                    return Poll::Pending;
+                }
             };
 
             tracing::trace!(read.bytes = bytes.len());

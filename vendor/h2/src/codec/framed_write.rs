@@ -93,7 +93,8 @@ where
             final_flush_done: false,
             encoder: Encoder {
                 hpack: hpack::Encoder::default(),
-                buf: Cursor::new(BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY)),
+                // Animal Store's patch: allocated by the first frame buffered (`Encoder::buffer`).
+                buf: Cursor::new(BytesMut::new()),
                 next: None,
                 last_data_frame: None,
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
@@ -169,6 +170,9 @@ where
             }
         }
 
+        // Animal Store's patch: everything buffered is written.
+        self.encoder.release_buf();
+
         tracing::trace!("flushing buffer");
         // Flush the upstream
         ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
@@ -223,6 +227,10 @@ where
     fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
+        // Animal Store's patch: a buffer released by `release_buf` is allocated again.
+        if self.buf.get_ref().capacity() == 0 {
+            *self.buf.get_mut() = BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY);
+        }
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
 
@@ -307,9 +315,21 @@ where
     }
 
     fn has_capacity(&self) -> bool {
+        // Animal Store's patch: a released buffer (no capacity) has room, as `buffer` allocates
+        // it again.
         self.next.is_none()
-            && (self.buf.get_ref().capacity() - self.buf.get_ref().len()
-                >= self.min_buffer_capacity)
+            && (self.buf.get_ref().capacity() == 0
+                || self.buf.get_ref().capacity() - self.buf.get_ref().len()
+                    >= self.min_buffer_capacity)
+    }
+
+    /// Animal Store's patch: frees the write buffer once everything in it is written, so that an
+    /// idle connection does not hold its 16 KiB; the next frame buffered allocates it again.
+    fn release_buf(&mut self) {
+        if self.next.is_none() && !self.buf.has_remaining() && self.buf.get_ref().capacity() > 0 {
+            *self.buf.get_mut() = BytesMut::new();
+            self.buf.set_position(0);
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -350,6 +370,12 @@ impl<T, B> FramedWrite<T, B> {
 
     pub fn get_mut(&mut self) -> &mut T {
         &mut self.inner
+    }
+
+    /// Animal Store's patch: what the write buffer holds allocated, for the patch's tests.
+    #[cfg(test)]
+    pub(crate) fn buffer_capacity(&self) -> usize {
+        self.encoder.buf.get_ref().capacity()
     }
 }
 

@@ -210,3 +210,102 @@ where
         Self::new(src)
     }
 }
+
+/// Animal Store's patch: a codec waiting for its peer holds neither its write buffer, nor its
+/// read buffer, nor the HPACK decoder's scratch buffer, and frames still pass whole after each
+/// release.
+#[cfg(test)]
+mod idle_buffers {
+    use super::*;
+    use crate::frame::{Headers, Ping, Pseudo, StreamId};
+    use bytes::Bytes;
+    use http::{HeaderMap, HeaderValue, Method, Uri};
+    use std::future::poll_fn;
+    use tokio::io::DuplexStream;
+
+    async fn send(codec: &mut Codec<DuplexStream, Bytes>, frame: Frame<Bytes>) {
+        poll_fn(|cx| codec.poll_ready(cx)).await.unwrap();
+        codec.buffer(frame).unwrap();
+        poll_fn(|cx| codec.flush(cx)).await.unwrap();
+    }
+
+    async fn receive(codec: &mut Codec<DuplexStream, Bytes>) -> Frame {
+        poll_fn(|cx| Pin::new(&mut *codec).poll_next(cx))
+            .await
+            .expect("a frame")
+            .expect("a valid frame")
+    }
+
+    /// Polls once: `true` if nothing is there to read yet.
+    async fn waits(codec: &mut Codec<DuplexStream, Bytes>) -> bool {
+        poll_fn(|cx| Poll::Ready(Pin::new(&mut *codec).poll_next(cx).is_pending())).await
+    }
+
+    #[tokio::test]
+    async fn a_waiting_codec_holds_no_buffers_and_loses_no_frame() {
+        let (a, b) = tokio::io::duplex(64 * 1024);
+        let mut client: Codec<_, Bytes> = Codec::new(a);
+        let mut server: Codec<_, Bytes> = Codec::new(b);
+        assert_eq!(client.inner.get_ref().buffer_capacity(), 0);
+
+        for round in 0..3u8 {
+            // A value long enough for HPACK to Huffman-code it, and new each round, so that it
+            // is sent as a literal and decoded into the scratch buffer every time.
+            let value = format!("round-{round}-{}", "a".repeat(40));
+            let mut fields = HeaderMap::new();
+            fields.insert("x-value", HeaderValue::from_str(&value).unwrap());
+            let uri: Uri = "https://example.com/pets".parse().unwrap();
+            let stream = StreamId::from(u32::from(round) * 2 + 1);
+            let headers = Headers::new(stream, Pseudo::request(Method::GET, uri, None), fields);
+            send(&mut client, Frame::Ping(Ping::new([round; 8]))).await;
+            assert_eq!(
+                client.inner.get_ref().buffer_capacity(),
+                0,
+                "written, then freed"
+            );
+            send(&mut client, headers.into()).await;
+            assert_eq!(
+                client.inner.get_ref().buffer_capacity(),
+                0,
+                "written, then freed"
+            );
+
+            match receive(&mut server).await {
+                Frame::Ping(ping) => assert_eq!(ping.payload(), &[round; 8]),
+                other => panic!("not the ping: {other:?}"),
+            }
+            match receive(&mut server).await {
+                Frame::Headers(headers) => {
+                    assert_eq!(headers.stream_id(), stream);
+                    assert_eq!(headers.fields()["x-value"], value.as_str());
+                }
+                other => panic!("not the headers: {other:?}"),
+            }
+            let (read, _) = server.inner.buffer_capacities();
+            assert!(read > 0, "the read buffer is in use while frames arrive");
+            assert!(waits(&mut server).await, "nothing more was sent");
+            assert_eq!(
+                server.inner.buffer_capacities(),
+                (0, 0),
+                "both freed while waiting"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_frame_that_arrives_in_pieces_keeps_the_read_buffer() {
+        use tokio::io::AsyncWriteExt;
+        let (mut raw, b) = tokio::io::duplex(64 * 1024);
+        let mut server: Codec<_, Bytes> = Codec::new(b);
+        let mut ping = bytes::BytesMut::new();
+        Ping::new([7; 8]).encode(&mut ping);
+        raw.write_all(&ping[..5]).await.unwrap();
+        assert!(waits(&mut server).await, "half a frame is not a frame");
+        assert!(server.inner.buffer_capacities().0 > 0, "the half is kept");
+        raw.write_all(&ping[5..]).await.unwrap();
+        match receive(&mut server).await {
+            Frame::Ping(ping) => assert_eq!(ping.payload(), &[7; 8]),
+            other => panic!("not the ping: {other:?}"),
+        }
+    }
+}

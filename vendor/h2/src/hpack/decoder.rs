@@ -158,7 +158,23 @@ impl Decoder {
             max_size_update: None,
             last_max_update: size,
             table: Table::new(size),
-            buffer: BytesMut::with_capacity(4096),
+            // Animal Store's patch: allocated by the first Huffman-coded string.
+            buffer: BytesMut::new(),
+        }
+    }
+
+    /// Animal Store's patch: what the scratch buffer holds allocated, for the patch's tests.
+    #[cfg(test)]
+    pub(crate) fn buffer_capacity(&self) -> usize {
+        self.buffer.capacity()
+    }
+
+    /// Animal Store's patch: frees the scratch buffer of Huffman-coded strings if it holds none
+    /// (the strings decoded into it are split off, and keep their part alive); the next such
+    /// string allocates it again.
+    pub fn release_buffer(&mut self) {
+        if self.buffer.is_empty() {
+            self.buffer = BytesMut::new();
         }
     }
 
@@ -333,6 +349,11 @@ impl Decoder {
 
         let offset = (buf.position() - old_pos) as usize;
         if huff {
+            // Animal Store's patch: the capacity the buffer was made with, once, before
+            // `release_buffer`; strings decoded into it share its allocation.
+            if self.buffer.capacity() == 0 {
+                self.buffer = BytesMut::with_capacity(4096);
+            }
             let ret = {
                 let raw = &buf.chunk()[..len];
                 huffman::decode(raw, &mut self.buffer).map(|buf| StringMarker {
