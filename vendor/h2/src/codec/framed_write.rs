@@ -325,8 +325,10 @@ where
 
     /// Animal Store's patch: frees the write buffer once everything in it is written, so that an
     /// idle connection does not hold its 16 KiB; the next frame buffered allocates it again.
+    /// Called by `flush` after `unset_frame` has cleared the buffer and taken the next frame.
     fn release_buf(&mut self) {
-        if self.next.is_none() && !self.buf.has_remaining() && self.buf.get_ref().capacity() > 0 {
+        debug_assert!(self.next.is_none() && !self.buf.has_remaining());
+        if self.buf.get_ref().capacity() > 0 {
             *self.buf.get_mut() = BytesMut::new();
             self.buf.set_position(0);
         }
