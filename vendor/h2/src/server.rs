@@ -1786,3 +1786,64 @@ where
         }
     }
 }
+
+/// Animal Store's patch: a connection whose streams are all done holds no storage for them while
+/// it waits for its peer, and serves the next request after giving it back.
+#[cfg(test)]
+mod idle_storage {
+    use super::*;
+    use http::{Request, Response};
+
+    /// Polls the connection once; it must have nothing to hand over.
+    async fn wait_once(server: &mut Connection<tokio::io::DuplexStream, Bytes>) {
+        crate::poll_fn(|cx| match server.poll_accept(cx) {
+            Poll::Pending => Poll::Ready(()),
+            Poll::Ready(other) => panic!("expected to wait, got {:?}", other.map(|r| r.is_ok())),
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_connection_with_no_stream_left_holds_no_stream_storage() {
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let client = tokio::spawn(async move {
+            let (mut requests, connection) = crate::client::handshake(client_io).await.unwrap();
+            tokio::spawn(connection);
+            let mut bodies = Vec::new();
+            for _ in 0..2 {
+                let request = Request::get("https://example.com/pets").body(()).unwrap();
+                let (response, _) = requests.send_request(request, true).unwrap();
+                let mut body = response.await.unwrap().into_body();
+                let mut got = Vec::new();
+                while let Some(chunk) = body.data().await {
+                    let chunk = chunk.unwrap();
+                    body.flow_control().release_capacity(chunk.len()).unwrap();
+                    got.extend_from_slice(&chunk);
+                }
+                bodies.push(got);
+            }
+            (bodies, requests)
+        });
+        let mut server = handshake(server_io).await.unwrap();
+        for round in 0..2 {
+            let (request, mut respond) = server.accept().await.unwrap().unwrap();
+            assert_eq!(request.uri().path(), "/pets");
+            assert!(
+                server.connection.stream_storage() > 0,
+                "round {round}: a stream is open"
+            );
+            let mut body = respond.send_response(Response::new(()), false).unwrap();
+            body.send_data(Bytes::from(format!("pets {round}")), true)
+                .unwrap();
+            drop((request, respond, body));
+            wait_once(&mut server).await;
+            assert_eq!(
+                server.connection.stream_storage(),
+                0,
+                "round {round}: all done"
+            );
+        }
+        let (bodies, _requests) = client.await.unwrap();
+        assert_eq!(bodies, [b"pets 0".to_vec(), b"pets 1".to_vec()]);
+    }
+}

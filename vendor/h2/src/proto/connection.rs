@@ -282,6 +282,12 @@ where
         }
     }
 
+    /// Animal Store's patch: room held for streams and their frames, for the patch's tests.
+    #[cfg(test)]
+    pub(crate) fn stream_storage(&self) -> usize {
+        self.inner.streams.stream_storage()
+    }
+
     /// Checks if there are any streams
     pub fn has_streams(&self) -> bool {
         self.inner.streams.has_streams()
@@ -332,6 +338,9 @@ where
                                 continue;
                             }
 
+                            // Animal Store's patch: a connection waiting for its peer keeps
+                            // nothing of streams that are done.
+                            self.inner.streams.release_idle_storage();
                             return Poll::Pending;
                         }
                     };

@@ -85,6 +85,17 @@ pub(crate) enum Open {
 }
 
 impl Recv {
+    /// Animal Store's patch: see `Streams::release_idle_storage`.
+    pub(super) fn release_idle_buffer(&mut self) {
+        self.buffer.release_if_empty();
+    }
+
+    /// Animal Store's patch: room in the buffer of received frames, for the patch's tests.
+    #[cfg(test)]
+    pub(super) fn buffer_capacity(&self) -> usize {
+        self.buffer.capacity()
+    }
+
     pub fn new(peer: peer::Dyn, config: &Config) -> Self {
         let next_stream_id = if peer.is_server() { 1 } else { 2 };
 

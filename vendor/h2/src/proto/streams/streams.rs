@@ -1144,6 +1144,28 @@ where
         me.counts.has_streams()
     }
 
+    /// Animal Store's patch: gives back what streams and their frames took once none is left:
+    /// the slab of streams, and the slabs of frames received and to send (about 3.5 KB once a
+    /// request has been served, kept for the connection's life before). Called when the
+    /// connection waits for its peer; a busy connection allocates them again.
+    pub fn release_idle_storage(&self) {
+        let mut me = self.inner.lock().unwrap();
+        let me = &mut *me;
+        me.store.release_if_empty();
+        me.actions.recv.release_idle_buffer();
+        // Locked after `inner`, in the order every other user takes them.
+        self.send_buffer.inner.lock().unwrap().release_if_empty();
+    }
+
+    /// Animal Store's patch: room held for streams and their frames, for the patch's tests.
+    #[cfg(test)]
+    pub fn stream_storage(&self) -> usize {
+        let me = self.inner.lock().unwrap();
+        me.store.capacity()
+            + me.actions.recv.buffer_capacity()
+            + self.send_buffer.inner.lock().unwrap().capacity()
+    }
+
     pub fn has_streams_or_other_references(&self) -> bool {
         let me = self.inner.lock().unwrap();
         me.counts.has_streams() || me.refs > 1
