@@ -70,19 +70,27 @@ impl std::fmt::Display for KeyId {
 impl KeyId {
     /// Parses 16 lowercase or uppercase hex digits.
     pub fn parse(s: &str) -> Option<KeyId> {
-        (s.len() == ID_BYTES * 2 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        (s.len() == ID_BYTES * 2 && all_hex(s))
             .then(|| u64::from_str_radix(s, 16).ok().map(KeyId))
             .flatten()
     }
 }
 
+/// Whether every byte of `s` is a hex digit. Every byte is looked at, with no early return, so
+/// that the compiler checks many at once: this runs on every key presented.
+fn all_hex(s: &str) -> bool {
+    s.bytes().fold(true, |ok, b| ok & b.is_ascii_hexdigit())
+}
+
 /// The id part of a well-formed key, or `None` when the text cannot be one of ours.
 pub fn id_of_key(key: &str) -> Option<KeyId> {
     let rest = key.strip_prefix(PREFIX)?;
-    let (id, secret) = rest.split_once('_')?;
-    let secret_ok =
-        secret.len() == SECRET_BYTES * 2 && secret.bytes().all(|b| b.is_ascii_hexdigit());
-    if secret_ok { KeyId::parse(id) } else { None }
+    // The id has a fixed length: the `_` after it is found without a search.
+    let (id, rest) = rest.split_at_checked(ID_BYTES * 2)?;
+    let secret = rest.strip_prefix('_')?;
+    (secret.len() == SECRET_BYTES * 2 && all_hex(secret))
+        .then(|| KeyId::parse(id))
+        .flatten()
 }
 
 /// SHA-256 of the key, as stored.
@@ -469,6 +477,27 @@ mod tests {
             let _ = id_of_key(&s);
             let set = KeySet::default();
             prop_assert!(set.find(&s).is_none());
+        }
+
+        /// `id_of_key` accepts what splitting at the first `_` and checking both halves accepts,
+        /// with the same id: near-keys (a digit or `_` moved, dropped or changed) included.
+        #[test]
+        fn the_key_parser_agrees_with_a_split_at_the_first_underscore(
+            s in prop_oneof![
+                "as_[0-9a-fA-F]{15,17}[_g]?[0-9a-fA-F]{63,65}",
+                "as_[0-9a-f_]{15,17}_[0-9a-f_]{63,65}",
+                "as_.{0,90}",
+            ],
+        ) {
+            let hex = |t: &str, len: usize| {
+                t.len() == len && t.bytes().all(|b| b.is_ascii_hexdigit())
+            };
+            let by_split = s
+                .strip_prefix(PREFIX)
+                .and_then(|rest| rest.split_once('_'))
+                .filter(|(id, secret)| hex(id, ID_BYTES * 2) && hex(secret, SECRET_BYTES * 2))
+                .and_then(|(id, _)| u64::from_str_radix(id, 16).ok().map(KeyId));
+            prop_assert_eq!(id_of_key(&s), by_split);
         }
     }
 }
