@@ -63,10 +63,18 @@ pub fn authorize(
     let text = std::str::from_utf8(header).map_err(|_| AuthFailure::Malformed)?;
     let (scheme, token) = text.trim().split_once(' ').ok_or(AuthFailure::Malformed)?;
     let token = token.trim_start();
-    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() || has_whitespace(token) {
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
         return Err(AuthFailure::Malformed);
     }
-    let key = keys.find(token).ok_or(AuthFailure::UnknownKey)?;
+    // A key that is found has none of the whitespace that makes a token malformed (a key is
+    // `as_`, hex digits and `_`): only a token that is not found is scanned for it.
+    let Some(key) = keys.find(token) else {
+        return Err(if has_whitespace(token) {
+            AuthFailure::Malformed
+        } else {
+            AuthFailure::UnknownKey
+        });
+    };
     if key.expired(now_ms) {
         return Err(AuthFailure::Expired);
     }
@@ -186,6 +194,14 @@ mod tests {
         assert_eq!(auth("Bearer "), Err(AuthFailure::Malformed));
         assert_eq!(
             auth(&format!("Bearer {key} extra")),
+            Err(AuthFailure::Malformed)
+        );
+        assert_eq!(
+            auth(&format!("Bearer {}\t{}", &key[..20], &key[20..])),
+            Err(AuthFailure::Malformed)
+        );
+        assert_eq!(
+            auth(&format!("Bearer {}\u{3000}{}", &key[..20], &key[20..])),
             Err(AuthFailure::Malformed)
         );
         assert_eq!(
