@@ -1828,9 +1828,13 @@ mod idle_storage {
         for round in 0..2 {
             let (request, mut respond) = server.accept().await.unwrap().unwrap();
             assert_eq!(request.uri().path(), "/pets");
-            assert!(
-                server.connection.stream_storage() > 0,
-                "round {round}: a stream is open"
+            let open = server.connection.stream_storage();
+            assert!(open > 0, "round {round}: a stream is open");
+            wait_once(&mut server).await;
+            assert_eq!(
+                server.connection.stream_storage(),
+                open,
+                "round {round}: an open stream keeps its slabs while the connection waits"
             );
             let mut body = respond.send_response(Response::new(()), false).unwrap();
             body.send_data(Bytes::from(format!("pets {round}")), true)

@@ -97,6 +97,11 @@ impl Store {
         }
     }
 
+    /// Animal Store's patch: whether no stream is stored.
+    pub fn is_empty(&self) -> bool {
+        self.slab.is_empty()
+    }
+
     /// Animal Store's patch: how many streams the slab has room for, for the patch's tests.
     #[cfg(test)]
     pub fn capacity(&self) -> usize {

@@ -1151,6 +1151,11 @@ where
     pub fn release_idle_storage(&self) {
         let mut me = self.inner.lock().unwrap();
         let me = &mut *me;
+        if !me.store.is_empty() {
+            // A stream still open keeps the slabs of its frames: they empty between its frames,
+            // and giving them back would only allocate them again for the next one.
+            return;
+        }
         me.store.release_if_empty();
         me.actions.recv.release_idle_buffer();
         // Locked after `inner`, in the order every other user takes them.
