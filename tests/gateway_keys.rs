@@ -426,3 +426,36 @@ fn an_address_that_cannot_be_bound_stops_the_start_naming_it() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(list.trim(), "[]", "no key issued by a start that failed");
 }
+
+/// A token that is not a key is told apart by its form: a real key with whitespace inside it is
+/// malformed, and one with a digit changed is unknown; each says so and is counted under its
+/// reason, and neither reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_token_and_an_unknown_key_are_answered_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+    let split = format!("Bearer {} {}", &key[..20], &key[20..]);
+    let last = if key.ends_with('0') { '1' } else { '0' };
+    let changed = format!("Bearer {}{last}", &key[..key.len() - 1]);
+    for (authorization, says) in [
+        (split, "must be `Bearer <key>`"),
+        (changed, "not valid or has been revoked"),
+    ] {
+        let r = c
+            .get(stack.url("/v1/pets"))
+            .header("authorization", authorization)
+            .send()
+            .await
+            .unwrap();
+        let body = assert_error(r, 401, "unauthorized").await;
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    for reason in ["malformed", "unknown_key"] {
+        let name = format!(r#"gateway_auth_failures_total{{reason="{reason}"}}"#);
+        assert_eq!(common::metric(stack.admin, &name), Some(1.0), "{name}");
+    }
+    assert_eq!(stack.get(&c, "/v1/pets", &key).await.status(), 200);
+}
