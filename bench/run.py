@@ -9,7 +9,8 @@ alternating order; values are medians with the spread (min-max) of the rounds.
 Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis,instr):
   get      closed loop (wrk -t1 -c64): upstream direct, nginx limit_req, HAProxy stick table,
            bare pingora pass-through, the gateway (embedded store, Redis store, two gateways on
-           one Redis); req/s, p99, proxy CPU time per request
+           one Redis); req/s, p99, proxy CPU time per request; then the pass-through and the
+           gateway alone, PAIR_ROUNDS more times each in alternating pairs, for the 0.9x target
   open     open loop at fixed offered rates (oha -q RATE --latency-correction): p50/p99 against
            offered load, each rate ROUNDS times in alternating order, medians plotted to
            bench/latency.svg; then nginx and the gateway alone at half of nginx's maximum,
@@ -60,6 +61,10 @@ INSTR_N = int(os.environ.get("INSTR_N", "2000"))
 # target's reading (see `part_open`).
 TARGET_ROUNDS = int(os.environ.get("TARGET_ROUNDS", "6"))
 TARGET_PAIR = ("nginx", "gateway (embedded)")
+# More closed-loop runs of the pass-through and the gateway alone, for the reading of the target
+# nearest its edge: the gateway at 0.9x the pass-through (see `part_get`).
+PAIR_ROUNDS = int(os.environ.get("PAIR_ROUNDS", "6"))
+FLOOR_PAIR = ("pingora pass-through", "gateway (embedded)")
 BIN = ROOT / "target/release/animal-store"
 PASS = ROOT / "target/release/passthrough"
 WORK = Path(tempfile.mkdtemp(prefix="animal-bench-"))
@@ -356,7 +361,22 @@ def part_get(upstream, results):
             rows[name].append(r)
             log(f"  round {rnd + 1} {name}: {r['rps']:.0f} req/s, p99 {r['p99']:.2f} ms"
                 + (f", {r['cpu_us']:.1f} us CPU/request" if r.get("cpu_us") else ""))
+    # Rounds of eight contenders spread the two of the pass-through target over minutes, in which
+    # the shared machine's speed drifts; pairs run back to back compare them under the same load.
+    pairs = {name: [r for r in rows[name]] for name in FLOOR_PAIR}
+    for rnd in range(PAIR_ROUNDS):
+        for name in FLOOR_PAIR if rnd % 2 else reversed(FLOOR_PAIR):
+            proc, port = contenders[name]
+            wrk(f"http://127.0.0.1:{port}/v1/pets", key, dur=1)  # warm-up
+            before = tree_cpu_seconds(proc.pid)
+            r = wrk(f"http://127.0.0.1:{port}/v1/pets", key)
+            r["cpu_us"] = (tree_cpu_seconds(proc.pid) - before) / r["requests"] * 1e6
+            if r["non2xx"]:
+                sys.exit(f"{name}: {r['non2xx']} non-2xx responses")
+            pairs[name].append(r)
+            log(f"  pair {rnd + 1} {name}: {r['rps']:.0f} req/s, {r['cpu_us']:.1f} us CPU/request")
     results["get"] = rows
+    results["floor_pairs"] = pairs
     results["get_procs"] = {n: c for n, c in contenders.items()}
     results["keys"] = keys
     stop(second[0])
@@ -787,7 +807,7 @@ def report(results):
              "one CPU, and no work stealing, as the gateway ships); the load generator, the upstream (nginx returning a one-pet JSON array, keep-alive) "
              "and Redis on CPU 1. Access logs off. Every round runs every contender after a 1 s warm-up, in "
              "alternating order; values are medians with the rounds' range in brackets. Reproduce with "
-             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS, INSTR_N, TARGET_ROUNDS).", ""]
+             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS, INSTR_N, TARGET_ROUNDS, PAIR_ROUNDS).", ""]
     if "get" in results:
         rows = results["get"]
         med = {n: statistics.median(r["rps"] for r in v) for n, v in rows.items()}
@@ -802,6 +822,19 @@ def report(results):
         lines += ["", f"Redis store / embedded store throughput: **{med['gateway (redis)'] / med['gateway (embedded)']:.2f}x**; "
                   f"two gateways on one Redis (both on CPU 0, wrk -c{CONN // 2} each): "
                   f"{med['2 gateways (redis)']:,.0f} req/s together.", ""]
+        floor, gw = (results["floor_pairs"][n] for n in FLOOR_PAIR)
+        by_rps = [g["rps"] / f["rps"] for f, g in zip(floor, gw)]
+        by_cpu = [f["cpu_us"] / g["cpu_us"] for f, g in zip(floor, gw)]
+        lines += [f"The gateway against the pass-through over {len(gw)} runs of each (the table's {ROUNDS} "
+                  f"and {len(gw) - ROUNDS} more of the two alone, in alternating pairs): "
+                  f"**{statistics.median(g['rps'] for g in gw) / statistics.median(f['rps'] for f in floor):.2f}x** "
+                  f"in throughput ({statistics.median(g['rps'] for g in gw):,.0f} against "
+                  f"{statistics.median(f['rps'] for f in floor):,.0f} req/s, medians) and "
+                  f"**{statistics.median(f['cpu_us'] for f in floor) / statistics.median(g['cpu_us'] for g in gw):.2f}x** "
+                  f"in CPU time per request ({statistics.median(g['cpu_us'] for g in gw):.1f} against "
+                  f"{statistics.median(f['cpu_us'] for f in floor):.1f} µs). Run by run, throughput: "
+                  f"{', '.join(f'{x:.2f}x' for x in by_rps)} (median {statistics.median(by_rps):.2f}x); "
+                  f"CPU: {', '.join(f'{x:.2f}x' for x in by_cpu)} (median {statistics.median(by_cpu):.2f}x).", ""]
     if "open" in results:
         o = results["open"]
         lines += ["## Open loop: latency at fixed offered rates (oha --latency-correction, -c%d)" % CONN, "",
