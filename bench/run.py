@@ -337,6 +337,16 @@ def part_get(upstream, results):
     second = gateway(upstream.port, WORK / "gw-redis-b", ["--redis-url", redis_url])
     time.sleep(1.5)  # keys loaded, heartbeats seen
     rows = {name: [] for name in [*contenders, "2 gateways (redis)"]}
+
+    def closed_loop(name):
+        """One run of wrk against one contender after a warm-up, with its CPU time per request."""
+        proc, port = contenders[name]
+        wrk(f"http://127.0.0.1:{port}/v1/pets", keys[name], dur=1)  # warm-up
+        before = tree_cpu_seconds(proc.pid) if proc else 0
+        r = wrk(f"http://127.0.0.1:{port}/v1/pets", keys[name])
+        r["cpu_us"] = (tree_cpu_seconds(proc.pid) - before) / r["requests"] * 1e6 if proc else None
+        return r
+
     names = list(rows)
     for rnd in range(ROUNDS):
         order = names if rnd % 2 == 0 else list(reversed(names))
@@ -350,12 +360,7 @@ def part_get(upstream, results):
                      "requests": sum(x["requests"] for x in with_threads),
                      "non2xx": sum(x["non2xx"] for x in with_threads), "cpu_us": None}
             else:
-                proc, port = contenders[name]
-                k = keys[name]
-                wrk(f"http://127.0.0.1:{port}/v1/pets", k, dur=1)  # warm-up
-                before = tree_cpu_seconds(proc.pid) if proc else 0
-                r = wrk(f"http://127.0.0.1:{port}/v1/pets", k)
-                r["cpu_us"] = (tree_cpu_seconds(proc.pid) - before) / r["requests"] * 1e6 if proc else None
+                r = closed_loop(name)
             if r["non2xx"]:
                 sys.exit(f"{name}: {r['non2xx']} non-2xx responses")
             rows[name].append(r)
@@ -363,14 +368,10 @@ def part_get(upstream, results):
                 + (f", {r['cpu_us']:.1f} us CPU/request" if r.get("cpu_us") else ""))
     # Rounds of eight contenders spread the two of the pass-through target over minutes, in which
     # the shared machine's speed drifts; pairs run back to back compare them under the same load.
-    pairs = {name: [r for r in rows[name]] for name in FLOOR_PAIR}
+    pairs = {name: list(rows[name]) for name in FLOOR_PAIR}
     for rnd in range(PAIR_ROUNDS):
         for name in FLOOR_PAIR if rnd % 2 else reversed(FLOOR_PAIR):
-            proc, port = contenders[name]
-            wrk(f"http://127.0.0.1:{port}/v1/pets", key, dur=1)  # warm-up
-            before = tree_cpu_seconds(proc.pid)
-            r = wrk(f"http://127.0.0.1:{port}/v1/pets", key)
-            r["cpu_us"] = (tree_cpu_seconds(proc.pid) - before) / r["requests"] * 1e6
+            r = closed_loop(name)
             if r["non2xx"]:
                 sys.exit(f"{name}: {r['non2xx']} non-2xx responses")
             pairs[name].append(r)
