@@ -428,8 +428,8 @@ fn an_address_that_cannot_be_bound_stops_the_start_naming_it() {
 }
 
 /// A token that is not a key is told apart by its form: a real key with whitespace inside it is
-/// malformed, and one with a digit changed is unknown; each says so and is counted under its
-/// reason, and neither reaches the upstream.
+/// malformed, and one with a digit changed is unknown; the gateway refuses each with its own
+/// message and counts it under its reason, and the real key still passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_token_and_an_unknown_key_are_answered_apart() {
     let dir = tempfile::tempdir().unwrap();
