@@ -29,8 +29,9 @@
 //! - drop: 10.694154ms total, 106ns avg per iteration
 
 use parking_lot::RwLock;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thread_local::ThreadLocal;
@@ -112,6 +113,7 @@ impl Time {
 }
 
 /// the stub for waiting for a timer to be expired.
+#[derive(Clone)]
 pub struct TimerStub(Arc<Notify>, Arc<AtomicBool>);
 
 impl TimerStub {
@@ -151,7 +153,29 @@ pub struct TimerManager {
     // Start a new clock thread if this is -1 or staled. The clock thread should keep updating this
     clock_watchdog: AtomicI64,
     paused: AtomicBool,
+    // Animal Store's patch: this manager among all, for the threads' `RECENT` timers.
+    id: u64,
 }
+
+thread_local! {
+    /// Animal Store's patch: the timers this thread registered last, each by its manager's id and
+    /// its tick.
+    ///
+    /// Timers due at the same tick share one timer, found in the thread's tree (a lock and a
+    /// search of a tree of every tick pending, some 500 instructions). A thread mostly registers
+    /// the same few timeouts again and again (a proxy: its upstreams' read timeout, and its pooled
+    /// connections' idle timeout), so the next timer is nearly always due at one of the last two
+    /// ticks, and shares that timer without the tree.
+    ///
+    /// A timer found here is the tree's own for that tick, or the one the clock thread took out of
+    /// the tree when it fired it. It fired only once its tick had passed, so a timer due at that
+    /// tick is due already, as it would be if made anew: never early.
+    #[allow(clippy::type_complexity)]
+    static RECENT: RefCell<[Option<(u64, Time, TimerStub)>; 2]> = const { RefCell::new([None, None]) };
+}
+
+/// Animal Store's patch: the next manager's `id`.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 // Consider the clock thread is dead after it fails to update the thread in DELAYS_SEC
 const DELAYS_SEC: i64 = 2; // TODO: make sure this value is larger than RESOLUTION_DURATION
@@ -164,6 +188,7 @@ impl Default for TimerManager {
             watchdog_zero: coarse::now(),
             clock_watchdog: AtomicI64::new(-DELAYS_SEC),
             paused: AtomicBool::new(false),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }
     }
 }
@@ -258,6 +283,26 @@ impl TimerManager {
         }
         // Animal Store's patch: see `Time::deadline`.
         let now = Time::deadline(Instant::now() + duration - self.zero);
+        // Animal Store's patch: see `RECENT`.
+        RECENT.with(|recent| {
+            let mut recent = recent.borrow_mut();
+            if let Some((_, _, stub)) = recent
+                .iter()
+                .flatten()
+                .find(|(id, tick, _)| *id == self.id && *tick == now)
+            {
+                return stub.clone();
+            }
+            let stub = self.register_in_tree(now);
+            // The older of the two gives way.
+            recent.swap(0, 1);
+            recent[0] = Some((self.id, now, stub.clone()));
+            stub
+        })
+    }
+
+    /// The timer due at the tick `now`: the tree's, or a new one put in it.
+    fn register_in_tree(&self, now: Time) -> TimerStub {
         {
             let timers = self.timers.get_or(|| RwLock::new(BTreeMap::new())).read();
             if let Some(t) = timers.get(&now) {
@@ -366,6 +411,27 @@ mod tests {
         assert_eq!(Time::deadline(Duration::from_micros(29_999)), Time(30));
         assert_eq!(Time::deadline(Duration::from_micros(30_500)), Time(40));
         assert_eq!(Time::deadline(Duration::ZERO), Time(10));
+    }
+
+    // Animal Store's patch: a timer is shared only with the same manager's timers of its tick.
+    #[tokio::test]
+    async fn recent_timers_are_shared_only_within_their_manager() {
+        let ticking = Arc::new(TimerManager::new());
+        let clock = ticking.clone();
+        std::thread::spawn(move || clock.clock_thread());
+        // Made together, the two count their ticks from nearly the same instant; this one's
+        // clock thread never runs, so none of its timers fires.
+        let stopped = TimerManager::new();
+        let duration = Duration::from_millis(30);
+        let first = ticking.register_timer(duration);
+        let again = ticking.register_timer(duration);
+        let other = stopped.register_timer(duration);
+        let start = Instant::now();
+        first.poll().await;
+        again.poll().await;
+        assert!(start.elapsed() < Duration::from_millis(500));
+        let waited = tokio::time::timeout(Duration::from_millis(200), other.poll()).await;
+        assert!(waited.is_err(), "a stopped manager's timer fired");
     }
 
     // Animal Store's patch: a timer never fires before its duration has passed.
