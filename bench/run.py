@@ -826,14 +826,13 @@ def report(results):
         floor, gw = (results["floor_pairs"][n] for n in FLOOR_PAIR)
         by_rps = [g["rps"] / f["rps"] for f, g in zip(floor, gw)]
         by_cpu = [f["cpu_us"] / g["cpu_us"] for f, g in zip(floor, gw)]
+        rps_f, rps_g = (statistics.median(r["rps"] for r in runs) for runs in (floor, gw))
+        cpu_f, cpu_g = (statistics.median(r["cpu_us"] for r in runs) for runs in (floor, gw))
         lines += [f"The gateway against the pass-through over {len(gw)} runs of each (the table's {ROUNDS} "
                   f"and {len(gw) - ROUNDS} more of the two alone, in alternating pairs): "
-                  f"**{statistics.median(g['rps'] for g in gw) / statistics.median(f['rps'] for f in floor):.2f}x** "
-                  f"in throughput ({statistics.median(g['rps'] for g in gw):,.0f} against "
-                  f"{statistics.median(f['rps'] for f in floor):,.0f} req/s, medians) and "
-                  f"**{statistics.median(f['cpu_us'] for f in floor) / statistics.median(g['cpu_us'] for g in gw):.2f}x** "
-                  f"in CPU time per request ({statistics.median(g['cpu_us'] for g in gw):.1f} against "
-                  f"{statistics.median(f['cpu_us'] for f in floor):.1f} µs). Run by run, throughput: "
+                  f"**{rps_g / rps_f:.2f}x** in throughput ({rps_g:,.0f} against {rps_f:,.0f} req/s, medians) "
+                  f"and **{cpu_f / cpu_g:.2f}x** in CPU time per request ({cpu_g:.1f} against {cpu_f:.1f} µs). "
+                  f"Run by run, throughput: "
                   f"{', '.join(f'{x:.2f}x' for x in by_rps)} (median {statistics.median(by_rps):.2f}x); "
                   f"CPU: {', '.join(f'{x:.2f}x' for x in by_cpu)} (median {statistics.median(by_cpu):.2f}x).", ""]
     if "open" in results:
