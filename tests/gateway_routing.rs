@@ -1400,6 +1400,11 @@ fn a_kept_admin_connection_reads_stopping_when_shutdown_begins() {
     let mut idle = std::net::TcpStream::connect(stack.listen).unwrap();
     idle.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
+    // One answered request first: the connection's wait for shutdown outlives a request.
+    idle.write_all(b"GET /v1/docs HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let (head, body) = read_response(&mut idle);
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}{body}");
     // Accepted, not only queued: a queued connection would be reset with the listener.
     wait_metric(
         stack.admin,

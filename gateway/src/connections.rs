@@ -114,7 +114,7 @@ enum Idle {
 }
 
 /// Waits, holding nothing but `stream`, until the client sends something, stays silent for
-/// `timeout`, or, if `shutdown` is given, the gateway starts shutting down.
+/// `timeout`, or `stopping` (the connection's wait for shutdown, [`Connections::serve`]) ends.
 ///
 /// `alarm` is the connection's one timer, armed once per connection rather than once per
 /// request (registering a timer was half of this wait's cost): it may be set to go off earlier
@@ -129,20 +129,13 @@ async fn await_request(
     stream: &mut Stream,
     timeout: Duration,
     mut alarm: Pin<&mut Sleep>,
-    shutdown: Option<&mut ShutdownWatch>,
+    mut stopping: Pin<&mut impl Future<Output = ()>>,
 ) -> Idle {
     let ends = Instant::now() + timeout;
     if alarm.deadline() > ends {
         // The timeout was shortened by a reload since the alarm was set.
         alarm.as_mut().reset(ends);
     }
-    let stopping = async {
-        match shutdown {
-            Some(shutdown) => drop(shutdown.wait_for(|stopping| *stopping).await),
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(stopping);
     loop {
         tokio::select! {
             biased;
@@ -156,7 +149,7 @@ async fn await_request(
                 }
                 alarm.as_mut().reset(ends);
             }
-            () = &mut stopping => return Idle::Close,
+            () = stopping.as_mut() => return Idle::Close,
         }
     }
 }
@@ -196,20 +189,29 @@ where
     /// The keep-alive loop of one HTTP/1.1 connection. Between requests its task holds the
     /// stream and this loop's few hundred bytes; a request's state (boxed by pingora) is freed
     /// with it.
-    async fn serve(self: Arc<Self>, mut stream: Stream, mut shutdown: ShutdownWatch) {
+    async fn serve(self: Arc<Self>, mut stream: Stream, shutdown: ShutdownWatch) {
         let _open = (self.port == Port::Public).then(metrics::OpenConnection::open);
         let mut persisted: Option<HttpPersistentSettings> = None;
         let alarm = tokio::time::sleep(self.live.load().keepalive_timeout);
         tokio::pin!(alarm);
+        // The connection's one wait for shutdown, made once: one made for each wait between
+        // requests joined and left the watch's list of waiters every request. The admin port
+        // keeps its connections through the grace period: a prober that keeps one open reads
+        // `/readyz`'s 503 (and then the connection closes).
+        let mut watch = (self.port == Port::Public).then(|| shutdown.clone());
+        let stopping = async move {
+            match &mut watch {
+                Some(watch) => drop(watch.wait_for(|stopping| *stopping).await),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(stopping);
         loop {
             // A connection that has sent nothing yet is as cheap as an idle one, so the first
             // request gets the keep-alive timeout too. Pipelined requests are waiting in the
             // stream's reads ([`crate::pipeline`]): they end the wait at once.
             let idle = self.live.load().keepalive_timeout;
-            // The admin port keeps its connections through the grace period: a prober that
-            // keeps one open reads `/readyz`'s 503 (and then the connection closes).
-            let stops = (self.port == Port::Public).then_some(&mut shutdown);
-            match await_request(&mut stream, idle, alarm.as_mut(), stops).await {
+            match await_request(&mut stream, idle, alarm.as_mut(), stopping.as_mut()).await {
                 Idle::Request => {}
                 Idle::TimedOut => return self.count_timeout("idle"),
                 Idle::Close => return,
