@@ -63,7 +63,7 @@ TARGET_ROUNDS = int(os.environ.get("TARGET_ROUNDS", "6"))
 TARGET_PAIR = ("nginx", "gateway (embedded)")
 # More closed-loop runs of the pass-through and the gateway alone, for the reading of the target
 # nearest its edge: the gateway at 0.9x the pass-through (see `part_get`).
-PAIR_ROUNDS = int(os.environ.get("PAIR_ROUNDS", "6"))
+PAIR_ROUNDS = int(os.environ.get("PAIR_ROUNDS", "12"))
 FLOOR_PAIR = ("pingora pass-through", "gateway (embedded)")
 BIN = ROOT / "target/release/animal-store"
 PASS = ROOT / "target/release/passthrough"
