@@ -298,7 +298,7 @@ async fn run_flusher(
 /// ready to run queue theirs too before the flush starts. A create that wakes the flusher puts
 /// it first in line, ahead of the connections whose requests are already in: a flush started
 /// then served 4-5 creates of 64 connections, and the flushes' own work halved the throughput
-/// (bench/results.md). Each yield lets every ready task run once; gathering stops at the first
+/// (bench/history.md). Each yield lets every ready task run once; gathering stops at the first
 /// that brings no new waiter. A lone client does not pay for the yield (about 10% of its
 /// creates per second).
 async fn gather(
