@@ -194,10 +194,10 @@ where
         let mut persisted: Option<HttpPersistentSettings> = None;
         let alarm = tokio::time::sleep(self.live.load().keepalive_timeout);
         tokio::pin!(alarm);
-        // The connection's one wait for shutdown, made once: one made for each wait between
-        // requests joined and left the watch's list of waiters every request. The admin port
-        // keeps its connections through the grace period: a prober that keeps one open reads
-        // `/readyz`'s 503 (and then the connection closes).
+        // The connection's wait for shutdown, made once and polled by every wait between
+        // requests (a wait made anew each time joined the watch's list of waiters and left it
+        // again every request). The admin port keeps its connections through the grace period:
+        // a prober that keeps one open reads `/readyz`'s 503 (and then the connection closes).
         let mut watch = (self.port == Port::Public).then(|| shutdown.clone());
         let stopping = async move {
             match &mut watch {
