@@ -29,12 +29,17 @@
 //! - drop: 10.694154ms total, 106ns avg per iteration
 
 use parking_lot::RwLock;
+use pin_project_lite::pin_project;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use thread_local::ThreadLocal;
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 /// Animal Store's patch to pingora-timeout 0.9.1 (see `vendor/README.md`): the clock thread's
@@ -79,23 +84,25 @@ const RESOLUTION_MS: u64 = 10;
 const RESOLUTION_DURATION: Duration = Duration::from_millis(RESOLUTION_MS);
 
 // round to the NEXT timestamp based on the resolution
+// Animal Store's patch: in `u64`, which the compiler divides by a constant with a multiply; the
+// published crate's `u128` called a 128-bit division routine (`__udivti3`) for each timer made.
 #[inline]
-fn round_to(raw: u128, resolution: u128) -> u128 {
+fn round_to(raw: u64, resolution: u64) -> u64 {
     raw - 1 + resolution - (raw - 1) % resolution
 }
 // millisecond resolution as most
 #[derive(PartialEq, PartialOrd, Eq, Ord, Clone, Copy, Debug)]
-struct Time(u128);
+struct Time(u64);
 
-impl From<u128> for Time {
-    fn from(raw_ms: u128) -> Self {
-        Time(round_to(raw_ms, RESOLUTION_MS as u128))
+impl From<u64> for Time {
+    fn from(raw_ms: u64) -> Self {
+        Time(round_to(raw_ms, RESOLUTION_MS))
     }
 }
 
 impl From<Duration> for Time {
     fn from(d: Duration) -> Self {
-        Time(round_to(d.as_millis(), RESOLUTION_MS as u128))
+        Time(round_to(d.as_millis() as u64, RESOLUTION_MS))
     }
 }
 
@@ -104,42 +111,91 @@ impl Time {
     /// millisecond is rounded up, where `Time::from(Duration)` drops it, so a timer never fires
     /// before its duration: it could fire up to a millisecond early.
     fn deadline(since_zero: Duration) -> Time {
-        since_zero.as_nanos().div_ceil(1_000_000).max(1).into()
+        let ms =
+            since_zero.as_secs() * 1000 + u64::from(since_zero.subsec_nanos().div_ceil(1_000_000));
+        ms.max(1).into()
     }
 
-    pub fn not_after(&self, ts: u128) -> bool {
+    pub fn not_after(&self, ts: u64) -> bool {
         self.0 <= ts
     }
 }
 
+/// Animal Store's patch: a tick's timer, shared by every timer due at the tick. A stub is one
+/// `Arc` to it; the published crate's stub was two (the `Notify` and the flag, each in an `Arc`
+/// of its own), cloned and dropped for each timer made.
+struct Tick {
+    /// In an `Arc` of its own, which a waiting timer holds (`Notify::notified_owned`).
+    notify: Arc<Notify>,
+    fired: AtomicBool,
+}
+
 /// the stub for waiting for a timer to be expired.
 #[derive(Clone)]
-pub struct TimerStub(Arc<Notify>, Arc<AtomicBool>);
+pub struct TimerStub(Arc<Tick>);
 
 impl TimerStub {
     /// Wait for the timer to expire.
     pub async fn poll(self) {
-        if self.1.load(Ordering::SeqCst) {
-            return;
+        self.wait().await
+    }
+
+    /// Animal Store's patch: the wait for this timer, as a future that allocates nothing and
+    /// can be held in place (see `Timeout`).
+    ///
+    /// The wait is made before the flag is read, so a timer that fires after the read wakes it:
+    /// the published crate read the flag first, and a timer fired between the read and the
+    /// wait's making was never seen.
+    pub fn wait(&self) -> TimerWait {
+        let notified = self.0.notify.clone().notified_owned();
+        if self.0.fired.load(Ordering::SeqCst) {
+            TimerWait::Fired
+        } else {
+            TimerWait::Waiting { notified }
         }
-        self.0.notified().await;
     }
 }
 
-struct Timer(Arc<Notify>, Arc<AtomicBool>);
+pin_project! {
+    /// Animal Store's patch: the future of [`TimerStub::wait`], ready once the timer has fired.
+    #[project = TimerWaitProj]
+    pub enum TimerWait {
+        Fired,
+        Waiting {
+            #[pin]
+            notified: OwnedNotified,
+        },
+    }
+}
+
+impl Future for TimerWait {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match self.project() {
+            TimerWaitProj::Fired => Poll::Ready(()),
+            TimerWaitProj::Waiting { notified } => notified.poll(cx),
+        }
+    }
+}
+
+struct Timer(Arc<Tick>);
 
 impl Timer {
     pub fn new() -> Self {
-        Timer(Arc::new(Notify::new()), Arc::new(AtomicBool::new(false)))
+        Timer(Arc::new(Tick {
+            notify: Arc::new(Notify::new()),
+            fired: AtomicBool::new(false),
+        }))
     }
 
     pub fn fire(&self) {
-        self.1.store(true, Ordering::SeqCst);
-        self.0.notify_waiters();
+        self.0.fired.store(true, Ordering::SeqCst);
+        self.0.notify.notify_waiters();
     }
 
     pub fn subscribe(&self) -> TimerStub {
-        TimerStub(self.0.clone(), self.1.clone())
+        TimerStub(self.0.clone())
     }
 }
 
@@ -211,7 +267,7 @@ impl TimerManager {
                 // just stop acquiring the locks, waiting for fork to happen
                 continue;
             }
-            let now = now.as_millis();
+            let now = now.as_millis() as u64;
             // iterate through the timer tree for all threads
             for thread_timer in self.timers.iter() {
                 let mut timers = thread_timer.write();
@@ -271,6 +327,17 @@ impl TimerManager {
     ///
     /// When the timer expires, the [TimerStub] will be notified.
     pub fn register_timer(&self, duration: Duration) -> TimerStub {
+        self.with_timer(duration, TimerStub::clone)
+    }
+
+    /// Animal Store's patch: register a timer, and wait for it ([`TimerStub::wait`]) without
+    /// taking a stub of its own.
+    pub fn wait_timer(&self, duration: Duration) -> TimerWait {
+        self.with_timer(duration, TimerStub::wait)
+    }
+
+    /// `with` applied to the timer due `duration` from now.
+    fn with_timer<R>(&self, duration: Duration, with: impl FnOnce(&TimerStub) -> R) -> R {
         if self.is_paused_for_fork() {
             // Return a dummy TimerStub that will trigger right away.
             // This is fine assuming pause_for_fork() is called right before fork().
@@ -279,7 +346,7 @@ impl TimerManager {
             // TODO: buffer these register calls instead (without a lock)
             let timer = Timer::new();
             timer.fire();
-            return timer.subscribe();
+            return with(&timer.subscribe());
         }
         // Animal Store's patch: see `Time::deadline`.
         let now = Time::deadline(Instant::now() + duration - self.zero);
@@ -291,13 +358,14 @@ impl TimerManager {
                 .flatten()
                 .find(|(id, tick, _)| *id == self.id && *tick == now)
             {
-                return stub.clone();
+                return with(stub);
             }
             let stub = self.register_in_tree(now);
+            let made = with(&stub);
             // The older of the two gives way.
             recent.swap(0, 1);
-            recent[0] = Some((self.id, now, stub.clone()));
-            stub
+            recent[0] = Some((self.id, now, stub));
+            made
         })
     }
 
@@ -358,7 +426,7 @@ mod tests {
 
     #[test]
     fn test_time() {
-        let t: Time = 128.into(); // t will round to 130
+        let t: Time = 128u64.into(); // t will round to 130
         assert_eq!(t, Duration::from_millis(130).into());
         assert!(!t.not_after(128));
         assert!(!t.not_after(129));
@@ -432,6 +500,22 @@ mod tests {
         assert!(start.elapsed() < Duration::from_millis(500));
         let waited = tokio::time::timeout(Duration::from_millis(200), other.poll()).await;
         assert!(waited.is_err(), "a stopped manager's timer fired");
+    }
+
+    // Animal Store's patch: a wait made before its timer fires is woken by the fire, and one made
+    // after it is ready at once.
+    #[test]
+    fn waits_see_their_timer_fire_whenever_they_were_made() {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let timer = Timer::new();
+        let stub = timer.subscribe();
+        let mut before = std::pin::pin!(stub.wait());
+        assert!(before.as_mut().poll(&mut cx).is_pending());
+        let mut made_before_polled = std::pin::pin!(stub.wait());
+        timer.fire();
+        assert!(before.as_mut().poll(&mut cx).is_ready());
+        assert!(made_before_polled.as_mut().poll(&mut cx).is_ready());
+        assert!(std::pin::pin!(stub.wait()).poll(&mut cx).is_ready());
     }
 
     // Animal Store's patch: a timer never fires before its duration has passed.
