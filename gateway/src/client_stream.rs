@@ -10,6 +10,11 @@
 //! given back when they are flushed, so a connection waiting for its next request holds none.
 //! The listeners turn the transport's own write buffer off.
 //!
+//! Nor does a waiting connection hold a read buffer. The keep-alive loop waits for the next
+//! request with a zero-length read; here, that read takes what arrives into room on the stack
+//! and holds it ([`crate::pipeline::Heads`]) until the request's reads take it. The transport's
+//! read buffer, which the wait used to fill, is off too: 1 KiB in each idle connection before.
+//!
 //! pingora answers a request it cannot parse (or a `CONNECT`) itself, with a bare `400` (`405`)
 //! and no body, before any hook of the gateway runs. On HTTP/1 connections the stream knows
 //! whether the gateway has the request being served ([`ClientStream::expect_request`],
@@ -25,6 +30,7 @@
 //! ([`ClientStream::hold`]), so that giving up leaves room for the error.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -47,6 +53,11 @@ use crate::pipeline::Heads;
 /// How much of a response is gathered before it is written: a head and a page of pets. Larger
 /// writes go straight through.
 pub const CAPACITY: usize = 4096;
+
+/// The most a connection's wait for its next request reads ([`ClientStream`]'s zero-length
+/// read): a request head of common size, whole. What a longer one brings after it, the
+/// request's own reads take from the connection.
+const WAIT_READ: usize = 4096;
 
 /// `inner` with its writes gathered in a buffer that lives from a response's first write to its
 /// flush, and on HTTP/1 its reads cut at request heads.
@@ -254,6 +265,16 @@ impl AsyncRead for ClientStream {
             heads.deliver(buf);
             return Poll::Ready(Ok(()));
         }
+        if buf.remaining() == 0 {
+            // The keep-alive loop's wait for the next request. What arrives is read into room
+            // that exists only during this call, and held for the request's reads: a waiting
+            // connection keeps no read buffer (the listeners' transports have none).
+            let mut room = [MaybeUninit::<u8>::uninit(); WAIT_READ];
+            let mut arrived = ReadBuf::uninit(&mut room);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut arrived))?;
+            heads.hold(arrived.filled());
+            return Poll::Ready(Ok(()));
+        }
         let start = buf.filled().len();
         ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
         heads.after_read(buf, start);
@@ -355,6 +376,13 @@ mod tests {
         (stream, theirs)
     }
 
+    /// As [`buffered`], with its reads cut at request heads, as on an HTTP/1 connection.
+    fn reading() -> (ClientStream, DuplexStream) {
+        let (mut stream, peer) = buffered();
+        stream.heads = Some(Heads::default());
+        (stream, peer)
+    }
+
     /// What the peer has received so far, without waiting for more.
     async fn received(peer: &mut DuplexStream) -> Vec<u8> {
         let mut got = vec![0; 64 * 1024];
@@ -363,6 +391,37 @@ mod tests {
             Err(_) => got.clear(),
         }
         got
+    }
+
+    #[tokio::test]
+    async fn the_wait_for_a_request_holds_what_arrives_for_the_requests_reads() {
+        /// Whether the wait for a request is still waiting after a while.
+        async fn waits(stream: &mut ClientStream) -> bool {
+            let wait = stream.read(&mut []);
+            tokio::time::timeout(Duration::from_millis(50), wait)
+                .await
+                .is_err()
+        }
+        let (mut stream, mut peer) = reading();
+        // Nothing has arrived: the wait waits (and, given up, loses nothing).
+        assert!(waits(&mut stream).await);
+        peer.write_all(b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(stream.read(&mut []).await.unwrap(), 0);
+        // What the wait read is the requests' reads, a head at a time.
+        let mut head = [0; 64];
+        let n = stream.read(&mut head).await.unwrap();
+        assert_eq!(&head[..n], b"GET /a HTTP/1.1\r\n\r\n");
+        assert_eq!(stream.read(&mut []).await.unwrap(), 0);
+        let n = stream.read(&mut head).await.unwrap();
+        assert_eq!(&head[..n], b"GET /b HTTP/1.1\r\n\r\n");
+        // All of it taken: the next wait waits for the client again.
+        assert!(waits(&mut stream).await);
+        peer.write_all(b"GET /c HTTP/1.1\r\n\r\n").await.unwrap();
+        assert_eq!(stream.read(&mut []).await.unwrap(), 0);
+        let n = stream.read(&mut head).await.unwrap();
+        assert_eq!(&head[..n], b"GET /c HTTP/1.1\r\n\r\n");
     }
 
     #[tokio::test]

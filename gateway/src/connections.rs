@@ -4,8 +4,8 @@
 //! pingora drives a keep-alive connection by awaiting the next request inside the whole
 //! per-request proxy state machine, with the previous request's session and buffers: about
 //! 100 KB per idle connection, for as long as the client keeps it open. [`Connections`] owns
-//! the keep-alive loop instead. Between requests a connection is only its socket, its small
-//! read buffer and a 430-byte task (the write buffer exists only while a response is written,
+//! the keep-alive loop instead. Between requests a connection is only its socket and a 430-byte
+//! task (read and write buffers exist only while a request is read and a response written,
 //! [`crate::client_stream`]): it waits until the client sends the next request (at most
 //! `gateway.keepalive_timeout_seconds`), and only then builds a session and hands it to the
 //! proxy. The request head must then be complete within `gateway.header_timeout_seconds`
@@ -105,7 +105,7 @@ impl<A> Connections<A> {
 
 /// Why a connection's loop ended without another request.
 enum Idle {
-    /// Bytes of a request are in the read buffer (or the client closed: the session finds out).
+    /// Bytes of a request have arrived (or the client closed: the session finds out).
     Request,
     /// The idle timeout passed.
     TimedOut,
@@ -122,9 +122,8 @@ enum Idle {
 /// set again for this wait's end. A connection busy for good sets it once per `timeout`.
 ///
 /// A zero-length read waits for bytes and leaves them where the session that follows parses the
-/// request from, with no extra system call: on a plain stream it fills the read buffer (the
-/// listener's, [`crate::PLAIN_READ_BUFFER`] bytes); over TLS, rustls decrypts the next record
-/// into its own plaintext buffer.
+/// request from, with no extra system call: [`ClientStream`] reads them and holds them for the
+/// session's reads, so a waiting connection holds no read buffer.
 async fn await_request(
     stream: &mut Stream,
     timeout: Duration,

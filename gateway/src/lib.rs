@@ -66,11 +66,6 @@ use connections::{Connections, Port};
 use pingora::listeners::ListenerConfig;
 use pingora::protocols::l4::stream::L4BufferSettings;
 
-/// Read buffer of a plain-HTTP client connection (pingora's default is 64 KiB; nginx's
-/// `client_header_buffer_size` is 1 KiB). Must not be 0: an idle connection waits for its next
-/// request by filling this buffer ([`connections`]).
-pub const PLAIN_READ_BUFFER: usize = 1024;
-
 /// Time pingora gives its runtimes to finish after the grace period.
 const RUNTIME_SHUTDOWN_SECONDS: u64 = 5;
 
@@ -193,13 +188,13 @@ pub fn run(
         app.server_options = Some(options);
     }
     let mut public = Service::new("gateway".to_owned(), connections);
-    // pingora's default 64 KiB read buffer would stay resident in every idle connection; the
-    // HTTP/1 parser reads the head into its own buffer, so plain HTTP needs only a small one.
-    // Writes are buffered above the transport, only while a response is written
-    // ([`client_stream`]).
+    // pingora's default 64 KiB read buffer would stay resident in every idle connection. The
+    // HTTP/1 parser reads a head into its own buffer, which lives as long as the request, and
+    // the wait for the next request reads into room that lives only while it reads
+    // ([`client_stream`]), so the transport has no read buffer. Writes are buffered above the
+    // transport too, only while a response is written.
     public.add_listener(
-        ListenerConfig::tcp(settings.listen.to_string())
-            .l4_buffer(L4BufferSettings::new(PLAIN_READ_BUFFER, 0)),
+        ListenerConfig::tcp(settings.listen.to_string()).l4_buffer(L4BufferSettings::unbuffered()),
     );
     if let (Some((listen, _)), Some(certificate)) = (&settings.tls, &certificate) {
         // rustls reads whole records into its own buffer, 4 KiB and more at a time: a read
@@ -222,10 +217,10 @@ pub fn run(
             Port::Admin,
         ),
     );
-    // As the public listener's: writes are gathered above the transport ([`client_stream`]).
+    // As the public listener's: no buffer in the transport ([`client_stream`]).
     admin.add_listener(
         ListenerConfig::tcp(settings.admin_listen.to_string())
-            .l4_buffer(L4BufferSettings::new(PLAIN_READ_BUFFER, 0)),
+            .l4_buffer(L4BufferSettings::unbuffered()),
     );
     admin.threads = Some(1);
     let refresh = background_service("key refresh", keyring::KeyRefresh(keyring.clone()));

@@ -45,6 +45,18 @@ impl Heads {
         let n = cut(&mut self.state, &self.held[..fits]);
         buf.put_slice(&self.held[..n]);
         self.held.advance(n);
+        if self.held.is_empty() {
+            // Emptied, it would still keep its allocation.
+            self.held = Bytes::new();
+        }
+    }
+
+    /// Holds `bytes`, read from the connection while nothing was held, for the next reads.
+    pub fn hold(&mut self, bytes: &[u8]) {
+        debug_assert!(!self.waiting());
+        if !bytes.is_empty() {
+            self.held = Bytes::copy_from_slice(bytes);
+        }
     }
 
     /// After a read from the connection put new bytes into `buf` from `start` on: keeps what
