@@ -9,8 +9,9 @@ alternating order; values are medians with the spread (min-max) of the rounds.
 Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis,instr):
   get      closed loop (wrk -t1 -c64): upstream direct, nginx limit_req, HAProxy stick table,
            bare pingora pass-through, the gateway (embedded store, Redis store, two gateways on
-           one Redis); req/s, p99, proxy CPU time per request; then the pass-through and the
-           gateway alone, PAIR_ROUNDS more times each in alternating pairs, for the 0.9x target
+           one Redis); req/s, p99, proxy CPU time per request and how much of it is the
+           kernel's; then the pass-through and the gateway alone, PAIR_ROUNDS more times each in
+           alternating pairs, for the 0.9x target
   open     open loop at fixed offered rates (oha -q RATE --latency-correction): p50/p99 against
            offered load, each rate ROUNDS times in alternating order, medians plotted to
            bench/latency.svg; then nginx and the gateway alone at half of nginx's maximum,
@@ -129,23 +130,27 @@ def proxy_pid(proc):
     return proc.pid
 
 
-def cpu_seconds(pid):
+def cpu_times(pid):
+    """User and kernel CPU seconds of a process (all its threads)."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def tree_cpu_seconds(pid):
-    """CPU time of a process and its children (nginx and HAProxy work in forked workers)."""
-    total = cpu_seconds(pid)
+def tree_cpu_times(pid):
+    """User and kernel CPU seconds of a process and its children (nginx and HAProxy work in
+    forked workers)."""
+    user, kernel = cpu_times(pid)
     for task in Path(f"/proc/{pid}/task").iterdir():
         kids = task / "children"
         if kids.exists():
             for kid in kids.read_text().split():
                 try:
-                    total += tree_cpu_seconds(int(kid))
+                    u, k = tree_cpu_times(int(kid))
                 except FileNotFoundError:
-                    pass
-    return total
+                    continue
+                user, kernel = user + u, kernel + k
+    return user, kernel
 
 
 def rss_kib(pid):
@@ -342,9 +347,13 @@ def part_get(upstream, results):
         """One run of wrk against one contender after a warm-up, with its CPU time per request."""
         proc, port = contenders[name]
         wrk(f"http://127.0.0.1:{port}/v1/pets", keys[name], dur=1)  # warm-up
-        before = tree_cpu_seconds(proc.pid) if proc else 0
+        before = tree_cpu_times(proc.pid) if proc else (0, 0)
         r = wrk(f"http://127.0.0.1:{port}/v1/pets", keys[name])
-        r["cpu_us"] = (tree_cpu_seconds(proc.pid) - before) / r["requests"] * 1e6 if proc else None
+        r["cpu_us"] = r["user_us"] = r["kernel_us"] = None
+        if proc:
+            user, kernel = ((after - b) / r["requests"] * 1e6
+                            for after, b in zip(tree_cpu_times(proc.pid), before))
+            r.update(cpu_us=user + kernel, user_us=user, kernel_us=kernel)
         return r
 
     names = list(rows)
@@ -813,13 +822,21 @@ def report(results):
         rows = results["get"]
         med = {n: statistics.median(r["rps"] for r in v) for n, v in rows.items()}
         lines += ["## Closed loop: GET /v1/pets with a valid key (wrk -t1 -c%d)" % CONN, "",
-                  "| path | req/s | p99 ms | proxy CPU µs/request | vs nginx | vs pass-through |",
-                  "|---|---|---|---|---|---|"]
+                  "| path | req/s | p99 ms | proxy CPU µs/request | of it, user / kernel µs | vs nginx | vs pass-through |",
+                  "|---|---|---|---|---|---|---|"]
         for n, v in rows.items():
             cpu_us = [r["cpu_us"] for r in v if r.get("cpu_us")]
+            split = "-"
+            if cpu_us:
+                split = (f"{statistics.median(r['user_us'] for r in v):.1f} / "
+                         f"{statistics.median(r['kernel_us'] for r in v):.1f}")
             lines.append(f"| {n} | {fmt([r['rps'] for r in v])} | {fmt([r['p99'] for r in v], 2)} | "
-                         f"{fmt(cpu_us, 1) if cpu_us else '-'} | {med[n] / med['nginx']:.2f} | "
-                         f"{med[n] / med['pingora pass-through']:.2f} |")
+                         f"{fmt(cpu_us, 1) if cpu_us else '-'} | {split} | "
+                         f"{med[n] / med['nginx']:.2f} | {med[n] / med['pingora pass-through']:.2f} |")
+        lines += ["", "User and kernel time are the kernel's accounting of the proxy's threads "
+                  "(`/proc/PID/stat`). Their sum is the scheduler's own measure of the time run; the "
+                  "split between them is sampled at each clock tick (100 a second), so one run's split is good to about ±0.4 µs a request, "
+                  "its median over the rounds to better."]
         lines += ["", f"Redis store / embedded store throughput: **{med['gateway (redis)'] / med['gateway (embedded)']:.2f}x**; "
                   f"two gateways on one Redis (both on CPU 0, wrk -c{CONN // 2} each): "
                   f"{med['2 gateways (redis)']:,.0f} req/s together.", ""]
