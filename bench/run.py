@@ -137,20 +137,25 @@ def cpu_times(pid):
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def tree_cpu_times(pid):
-    """User and kernel CPU seconds of a process and its children (nginx and HAProxy work in
-    forked workers)."""
-    user, kernel = cpu_times(pid)
+def over_tree(pid, read):
+    """`read` of a process and of each of its children, and theirs (nginx and HAProxy work in
+    forked workers); a child that is gone meanwhile is left out."""
+    values = [read(pid)]
     for task in Path(f"/proc/{pid}/task").iterdir():
         kids = task / "children"
         if kids.exists():
             for kid in kids.read_text().split():
                 try:
-                    u, k = tree_cpu_times(int(kid))
+                    values += over_tree(int(kid), read)
                 except FileNotFoundError:
-                    continue
-                user, kernel = user + u, kernel + k
-    return user, kernel
+                    pass
+    return values
+
+
+def tree_cpu_times(pid):
+    """User and kernel CPU seconds of a process and its children."""
+    user, kernel = zip(*over_tree(pid, cpu_times))
+    return sum(user), sum(kernel)
 
 
 def rss_kib(pid):
@@ -161,17 +166,8 @@ def rss_kib(pid):
 
 
 def children_rss_kib(pid):
-    """RSS of a process and its children (nginx and HAProxy fork workers)."""
-    total = rss_kib(pid)
-    for child in Path(f"/proc/{pid}/task").iterdir():
-        kids = Path(f"/proc/{pid}/task/{child.name}/children")
-        if kids.exists():
-            for kid in kids.read_text().split():
-                try:
-                    total += children_rss_kib(int(kid))
-                except FileNotFoundError:
-                    pass
-    return total
+    """RSS of a process and its children."""
+    return sum(over_tree(pid, rss_kib))
 
 
 # ---------------------------------------------------------------- load generators
@@ -835,8 +831,8 @@ def report(results):
                          f"{med[n] / med['nginx']:.2f} | {med[n] / med['pingora pass-through']:.2f} |")
         lines += ["", "User and kernel time are the kernel's accounting of the proxy's threads "
                   "(`/proc/PID/stat`). Their sum is the scheduler's own measure of the time run; the "
-                  "split between them is sampled at each clock tick (100 a second), so one run's split is good to about ±0.4 µs a request, "
-                  "its median over the rounds to better."]
+                  "split between them is sampled at each clock tick (100 a second), so one run's "
+                  "split is good to about ±0.4 µs a request, its median over the rounds to better."]
         lines += ["", f"Redis store / embedded store throughput: **{med['gateway (redis)'] / med['gateway (embedded)']:.2f}x**; "
                   f"two gateways on one Redis (both on CPU 0, wrk -c{CONN // 2} each): "
                   f"{med['2 gateways (redis)']:,.0f} req/s together.", ""]
