@@ -1,52 +1,9 @@
-//! `passthrough LISTEN UPSTREAM`: pingora 0.9 forwarding every request to one upstream, with
-//! nothing else, one worker thread, mimalloc, and the workspace's release profile. The
-//! benchmark (`bench/run.sh`) measures the gateway against it: what is left is the gateway's
-//! own cost (keys, limits, headers, routing, metrics).
-
-use async_trait::async_trait;
-use pingora::prelude::HttpPeer;
-use pingora::server::Server;
-use pingora::server::configuration::ServerConf;
-use pingora_proxy::{ProxyHttp, Session};
+//! `passthrough LISTEN UPSTREAM`: the library's pass-through, with mimalloc as the gateway's
+//! binary has it.
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// The one upstream every request goes to.
-struct PassThrough(std::net::SocketAddr);
-
-#[async_trait]
-impl ProxyHttp for PassThrough {
-    type CTX = ();
-
-    fn new_ctx(&self) {}
-
-    async fn upstream_peer(&self, _: &mut Session, _: &mut ()) -> pingora::Result<Box<HttpPeer>> {
-        Ok(Box::new(HttpPeer::new(self.0, false, String::new())))
-    }
-}
-
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        eprintln!("usage: passthrough LISTEN UPSTREAM");
-        std::process::exit(2);
-    };
-    let upstream = upstream
-        .parse()
-        .expect("UPSTREAM is an address like 127.0.0.1:8081");
-    let conf = ServerConf {
-        threads: 1,
-        // Driven as the gateway is: single-threaded runtimes, no work stealing.
-        work_stealing: false,
-        grace_period_seconds: Some(0),
-        graceful_shutdown_timeout_seconds: Some(1),
-        ..ServerConf::default()
-    };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
-    server.bootstrap();
-    let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, PassThrough(upstream));
-    proxy.add_tcp(&listen);
-    server.add_service(proxy);
-    server.run_forever();
+    animal_store_passthrough::main();
 }
