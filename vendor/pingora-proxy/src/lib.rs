@@ -1560,8 +1560,8 @@ impl SubrequestSpawner {
 /// The optimization needs to know the box is as large as the future, which it learns from the
 /// allocation's call: `__rust_alloc`. It does not happen when this is compiled in the crate
 /// that names the `#[global_allocator]` (there the allocation calls the allocator's own
-/// function, such as mimalloc's, which says nothing of its size): instantiate the proxy in a
-/// library, as a binary with its allocator beside it does not.
+/// function, such as mimalloc's, which says nothing of its size). So instantiate the proxy in a
+/// library crate, apart from the binary that names the allocator.
 #[inline(always)]
 fn boxed_in_place<F: Future>(make: impl FnOnce() -> F) -> Pin<Box<F>> {
     let mut slot = Box::<F>::new_uninit();
