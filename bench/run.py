@@ -773,17 +773,19 @@ def part_instr(upstream, results):
                 sys.exit(f"{name}: callgrind wrote no profile (the proxy must exit on SIGTERM)")
             profiles.append(out)
 
-        def per_request(inclusive, match):
-            first, second = (callgrind_functions(p, inclusive) for p in profiles)
+        def per_request(functions, match):
+            first, second = functions
             return sum(second[f] - first.get(f, 0) for f in second if match(f)) / (sizes[1] - sizes[0])
 
-        counts[name] = per_request(False, lambda f: f == "PROGRAM TOTALS")
+        own = [callgrind_functions(p, False) for p in profiles]
+        counts[name] = per_request(own, lambda f: f == "PROGRAM TOTALS")
         # glibc's copy routines: under callgrind, about one instruction a byte copied. A large
         # copy a request (pingora-proxy's state machine, before its patch) shows here first.
-        copies[name] = per_request(False, lambda f: re.search(r":__(memcpy|memmove)_", f) is not None)
+        copies[name] = per_request(own, lambda f: re.search(r":__(memcpy|memmove)_", f) is not None)
         if name.startswith("gateway"):
             # Each function itself, not the closures inside it (their cost is in its own).
-            phases[name] = {label: per_request(True, lambda f, fn=fn: f.endswith(fn))
+            inclusive = [callgrind_functions(p, True) for p in profiles]
+            phases[name] = {label: per_request(inclusive, lambda f, fn=fn: f.endswith(fn))
                             for label, fn in PHASES.items()}
         log(f"  {name}: {counts[name]:,.0f} instructions per request")
     results["instr"] = (counts, copies, phases)
