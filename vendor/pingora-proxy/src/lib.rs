@@ -87,6 +87,7 @@ const MAX_SHUTDOWN_NOTIFY_SHARDS: usize = 256;
 type DownstreamCustomMessageReader =
     Box<dyn futures::Stream<Item = Result<Bytes>> + Unpin + Send + Sync + 'static>;
 
+mod pipe; // Animal Store's patch: the task pipes of `proxy_h1`
 mod proxy_cache;
 mod proxy_common;
 mod proxy_custom;
