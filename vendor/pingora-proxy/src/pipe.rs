@@ -5,9 +5,9 @@
 //! `proxy_1to1` runs the downstream and the upstream half of a request side by side and passes
 //! `HttpTask`s between them through two bounded channels. They were tokio's `mpsc` channels, made
 //! for many senders across threads: a semaphore of permits under a mutex, a linked list of
-//! 32-slot blocks, and two allocations a channel; about 3,000 instructions for the five tasks of
-//! a proxied GET. A pipe has one sender and one receiver, a ring of `N` slots inline, and one
-//! mutex that each operation takes once. What `proxy_h1` relies on is kept:
+//! 32-slot blocks, and two allocations a channel, for the five tasks of a proxied GET. A pipe has
+//! one sender and one receiver, a ring of `N` slots inline, and one mutex that each operation
+//! takes once: 1,900 instructions a GET fewer (callgrind). What `proxy_h1` relies on is kept:
 //!
 //! - bounded: `send` and `reserve` wait while the `N` slots are taken or promised to permits;
 //! - `recv` is `None` once the sender is gone and the ring is empty, and is cancel safe (a task
