@@ -139,15 +139,16 @@ async fn the_deprecation_link_points_at_get_pet_on_the_docs_page() {
     assert!(got.contains(&link), "{got:?}");
 }
 
-/// A page served on `bind` (its own origin) that calls the gateway with `fetch` and writes
+/// A page served on `listener` (its own origin) that calls the gateway with `fetch` and writes
 /// what it could read of the answer into the DOM; returns the page's URL.
 async fn page_server(
-    bind: std::net::SocketAddr,
+    listener: std::net::TcpListener,
     gateway: std::net::SocketAddr,
     key: &str,
 ) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind(bind).await.unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
     let addr = listener.local_addr().unwrap();
     let html = format!(
         r#"<!doctype html><html><body><p id="result">pending</p><script>
@@ -176,10 +177,11 @@ fetch("http://{gateway}/v1/pets", {{headers: {{"Authorization": "Bearer {key}"}}
 #[tokio::test(flavor = "multi_thread")]
 async fn a_page_of_an_allowed_origin_reads_its_limits_and_another_origin_cannot() {
     let dir = tempfile::tempdir().unwrap();
-    // The allowed page's address must be known before the gateway starts: bind it first.
-    let placeholder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let allowed_port = placeholder.local_addr().unwrap().port();
-    drop(placeholder);
+    // The allowed page's address must be known before the gateway starts: its listener is
+    // bound first and kept (a port let go of and bound again could be taken in between, as by
+    // a connection's local port).
+    let allowed_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let allowed_port = allowed_listener.local_addr().unwrap().port();
     let stack = Stack::start_with_text(
         dir.path(),
         &format!(
@@ -187,8 +189,9 @@ async fn a_page_of_an_allowed_origin_reads_its_limits_and_another_origin_cannot(
         ),
     );
     let key = stack.key(&["--plan", "pro"]);
-    let allowed = page_server(([127, 0, 0, 1], allowed_port).into(), stack.listen, &key).await;
-    let other = page_server(([127, 0, 0, 1], 0).into(), stack.listen, &key).await;
+    let allowed = page_server(allowed_listener, stack.listen, &key).await;
+    let other_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = page_server(other_listener, stack.listen, &key).await;
     let dir_path = dir.path().to_owned();
     let (allowed_dom, other_dom) =
         tokio::task::spawn_blocking(move || (dom(&dir_path, &allowed), dom(&dir_path, &other)))
