@@ -88,6 +88,17 @@ impl<T, const N: usize> State<T, N> {
     }
 }
 
+/// Puts `value` in the ring under `state` (which has room for it), then, with the lock
+/// released, wakes the receiver if it waits.
+fn deliver<T, const N: usize>(mut state: MutexGuard<'_, State<T, N>>, value: T) {
+    state.push(value);
+    let waker = state.rx_waker.take();
+    drop(state);
+    if let Some(waker) = waker {
+        waker.wake();
+    }
+}
+
 /// Keeps `cx`'s waker in `slot`, unless the one there already wakes the same task.
 fn register(slot: &mut Option<Waker>, cx: &Context<'_>) {
     match slot {
@@ -122,10 +133,22 @@ pub(crate) struct Sender<T, const N: usize> {
 }
 
 impl<T, const N: usize> Sender<T, N> {
-    /// Sends `value` once a slot is free; fails if the receiver is gone.
+    /// Sends `value` once a slot is free; fails if the receiver is gone (and drops `value`).
     pub(crate) async fn send(&self, value: T) -> Result<(), PipeError> {
-        self.reserve().await?.send(value);
-        Ok(())
+        let mut value = Some(value);
+        poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if !state.receiver {
+                return Poll::Ready(Err(PipeError::Closed));
+            }
+            if state.has_room() {
+                deliver(state, value.take().expect("not polled after completion"));
+                return Poll::Ready(Ok(()));
+            }
+            register(&mut state.tx_waker, cx);
+            Poll::Pending
+        })
+        .await
     }
 
     /// Waits for a slot and promises it to the permit returned; fails if the receiver is gone.
@@ -193,19 +216,12 @@ impl<T, const N: usize> Permit<'_, T, N> {
     pub(crate) fn send(self, value: T) {
         let sender = self.sender;
         std::mem::forget(self);
-        let waker = {
-            let mut state = sender.shared.lock();
-            state.promised -= 1;
-            if !state.receiver {
-                // `value` is dropped after the lock is released.
-                return;
-            }
-            state.push(value);
-            state.rx_waker.take()
-        };
-        if let Some(waker) = waker {
-            waker.wake();
+        let mut state = sender.shared.lock();
+        state.promised -= 1;
+        if state.receiver {
+            deliver(state, value);
         }
+        // Otherwise `value` is dropped after the lock is released (locals go before arguments).
     }
 }
 
@@ -263,7 +279,8 @@ impl<T, const N: usize> Drop for Receiver<T, N> {
         let (left, waker) = {
             let mut state = self.shared.lock();
             state.receiver = false;
-            let left: Vec<T> = std::iter::from_fn(|| state.pop()).collect();
+            state.len = 0;
+            let left = std::mem::replace(&mut state.ring, std::array::from_fn(|_| None));
             (left, state.tx_waker.take())
         };
         // The values left are dropped outside the lock.
