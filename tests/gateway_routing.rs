@@ -397,6 +397,30 @@ async fn ambiguous_paths_are_refused_before_any_decision() {
         assert!(seen.get(hop).is_none(), "{hop} was forwarded: {seen}");
     }
     assert_eq!(seen["x-end-to-end"], "kept");
+    // Each alone, in a request without `Connection` (reqwest sends none), stays on this hop too.
+    let c = reqwest::Client::new();
+    for (name, value) in [
+        ("keep-alive", "timeout=5"),
+        ("proxy-connection", "keep-alive"),
+        ("proxy-authorization", "Basic eA=="),
+        ("proxy-authenticate", "Basic"),
+        ("te", "trailers"),
+        ("trailer", "X-Sum"),
+        ("http2-settings", "AAMAAABkAAQAAP__"),
+    ] {
+        let r = c
+            .get(stack.url("/v1/store/orders/7"))
+            .bearer_auth(&key)
+            .header(name, value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{name}");
+        let seen = r.json::<Value>().await.unwrap()["headers"].clone();
+        assert!(seen.get(name).is_none(), "{name} was forwarded: {seen}");
+        assert!(seen.get("connection").is_none(), "{seen}");
+        assert_eq!(seen["x-api-key-id"], key_id(&key), "{seen}");
+    }
     // A server that reads `_` as `-` (CGI, WSGI, Rack) would take these for the gateway's own.
     for alias in [
         "x_api_key_id",
