@@ -435,7 +435,8 @@ async fn ambiguous_paths_are_refused_before_any_decision() {
 }
 
 /// A body whose framing two readers could take differently is refused, as is an HTTP/1.1
-/// request without `Host`, and the connection closes: what came before the gateway may have
+/// request without `Host`, with two, or with one that differs from the host of a target in
+/// absolute form, and the connection closes: what came before the gateway may have
 /// read the bytes otherwise, so nothing more is read from it. `Transfer-Encoding` beside
 /// `Content-Length` is read as chunked and forwarded without the length (RFC 9112), and that
 /// connection closes too.
@@ -479,6 +480,18 @@ async fn a_body_framed_ambiguously_is_refused_and_its_connection_closed() {
             "no Host",
             format!("GET /v1/pets HTTP/1.1\r\nAuthorization: Bearer {key}\r\n\r\n"),
         ),
+        (
+            "two Hosts",
+            format!(
+                "GET /v1/pets HTTP/1.1\r\nHost: x\r\nHost: y\r\nAuthorization: Bearer {key}\r\n\r\n"
+            ),
+        ),
+        (
+            "a Host other than the target's",
+            format!(
+                "GET http://y/v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+            ),
+        ),
     ] {
         let (answer, closed) = answer_and_close(stack.listen, &request);
         let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
@@ -506,6 +519,14 @@ async fn a_body_framed_ambiguously_is_refused_and_its_connection_closed() {
         closed,
         "the connection stayed open after Content-Length beside chunked"
     );
+    // The target in absolute form, with the same host as `Host`: read as usual.
+    let (answer, _) = answer_and_close(
+        stack.listen,
+        &format!(
+            "GET http://x/v1/pets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
     // One chunked coding, in any case; HTTP/1.0 without Host: read as usual.
     let (answer, _) = answer_and_close(
         stack.listen,

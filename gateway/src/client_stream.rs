@@ -473,7 +473,7 @@ mod tests {
         stream.flush().await.unwrap();
         let got = String::from_utf8(received(&mut peer).await).unwrap();
         assert!(got.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{got}");
-        assert!(got.ends_with(r#""code":"invalid_request","message":"the request is not valid HTTP/1.1: its request line or a header cannot be parsed, or its headers are too large","status":400}"#), "{got}");
+        assert!(got.ends_with(r#""code":"invalid_request","message":"the request is not valid HTTP/1.1: its request line or a header cannot be parsed, its Host is given twice or differs from the host in its target, or its headers are too large","status":400}"#), "{got}");
 
         // Once the proxy has the request, its 400 is its own.
         let (mut stream, mut peer) = buffered();

@@ -240,8 +240,8 @@ fn retraction(session: &Session, ctx: &mut Ctx, error: GatewayError) -> pingora:
 pub fn unparsable() -> GatewayError {
     GatewayError::new(
         ErrorCode::InvalidRequest,
-        "the request is not valid HTTP/1.1: its request line or a header cannot be parsed, or \
-         its headers are too large",
+        "the request is not valid HTTP/1.1: its request line or a header cannot be parsed, its \
+         Host is given twice or differs from the host in its target, or its headers are too large",
     )
 }
 
