@@ -32,6 +32,7 @@ pub mod redis_keys;
 pub mod request_id;
 pub mod routes;
 pub mod settings;
+pub mod state_table;
 pub mod store;
 pub mod tls;
 

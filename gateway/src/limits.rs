@@ -12,11 +12,10 @@
 
 use std::num::NonZeroU64;
 
-use dashmap::DashMap;
-
 use crate::bans::{BanPolicy, BanState};
 use crate::keys::KeyId;
 use crate::plans::Limits;
+use crate::state_table::StateTable;
 
 /// Length of the minute window, in milliseconds.
 pub const MINUTE_MS: u64 = 60_000;
@@ -75,14 +74,15 @@ pub fn ceil_secs(ms: u64) -> u64 {
 }
 
 /// One key's limiter state: all that a store keeps per key, in 48 bytes (a million active keys
-/// take about 115 MB with the map's own overhead). Counts within a minute are 32-bit and
-/// saturate: no process admits 2^32 requests a minute, so a larger limit behaves the same. The
-/// ban's fields are kept side by side with the others rather than as a nested [`BanState`],
-/// whose padding would leave no room in the 48 bytes for `changed`.
+/// take about 88 MB in the limiter's table, a 64-byte slot each, [`crate::state_table`]). Counts
+/// within a minute are 32-bit and saturate: no process admits 2^32 requests a minute, so a
+/// larger limit behaves the same. The ban's fields are kept side by side with the others rather
+/// than as a nested [`BanState`], whose padding would leave no room in the 48 bytes for
+/// `changed`.
 ///
 /// The fields are laid out in this order (`repr(C)`): what every decision reads or writes comes
-/// first, in 33 bytes, so that in a map of a million keys most decisions touch one cache line
-/// of their entry, not two.
+/// first, in 33 bytes. With its key, a state fills one slot of the limiter's table, a cache
+/// line, so a decision among a million keys reads one line from memory.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct KeyState {
@@ -315,28 +315,16 @@ pub fn banned(limits: Limits, until_ms: u64) -> Decision {
 }
 
 /// Every key's state in this process's memory, each decision under the lock of its key's shard
-/// of the map (`SHARDS` of them), so no two decisions of one key interleave. Memory grows only
+/// of the table ([`StateTable`]), so no two decisions of one key interleave. Memory grows only
 /// with valid keys: a request reaches the limiter only after its key was found in the key store.
 /// The ban rules come with each call, from the request's configuration, so a reload changes
 /// them.
-#[derive(Debug)]
+///
+/// The table has 256 shards: the embedded store's pass locks one shard at a time, and a
+/// decision for a key of that shard waits, about 50 µs at a million keys.
+#[derive(Debug, Default)]
 pub struct Limiter {
-    /// Key ids are random, and only valid keys get here: a fast hash is safe and saves the
-    /// std hasher's 20 ns per decision.
-    states: DashMap<KeyId, KeyState, foldhash::fast::RandomState>,
-}
-
-/// Shards of the limiter's map. The embedded store's pass locks one shard at a time, and a
-/// decision for a key of that shard waits: the more shards, the shorter the wait (about 50 µs
-/// at a million keys with 256, against 1.6 ms with DashMap's default of 4 per CPU).
-const SHARDS: usize = 256;
-
-impl Default for Limiter {
-    fn default() -> Limiter {
-        Limiter {
-            states: DashMap::with_hasher_and_shard_amount(Default::default(), SHARDS),
-        }
-    }
+    states: StateTable<KeyState>,
 }
 
 impl Limiter {
@@ -347,25 +335,26 @@ impl Limiter {
 
     /// Checks and, if admitted, counts one request of `key` at `now_ms` (Unix milliseconds).
     pub fn check(&self, key: KeyId, limits: Limits, bans: &BanPolicy, now_ms: u64) -> Decision {
-        let mut state = self.states.entry(key).or_default();
-        let decision = state.check(limits, bans, now_ms);
-        // A banned key's refusals change nothing, and leave nothing to write.
-        if decision.verdict != Verdict::Banned || decision.ban_imposed {
-            state.changed = true;
-        }
-        decision
+        self.states.with(key.0, |state| {
+            let decision = state.check(limits, bans, now_ms);
+            // A banned key's refusals change nothing, and leave nothing to write.
+            if decision.verdict != Verdict::Banned || decision.ban_imposed {
+                state.changed = true;
+            }
+            decision
+        })
     }
 
     /// Gives `key` the state `start` makes, unless it has one.
     pub fn start(&self, key: KeyId, start: impl FnOnce() -> KeyState) {
-        self.states.entry(key).or_insert_with(start);
+        self.states.insert_if_absent(key.0, start);
     }
 
     /// Where `key` stands at `now_ms`, counting nothing.
     pub fn peek(&self, key: KeyId, limits: Limits, now_ms: u64) -> Standing {
         self.states
-            .get(&key)
-            .map_or_else(KeyState::default, |s| *s)
+            .get(key.0)
+            .unwrap_or_default()
             .peek(limits, now_ms)
     }
 
@@ -400,7 +389,7 @@ impl Limiter {
             if state.is_idle(bans, now_ms) {
                 return false;
             }
-            visit(*id, state);
+            visit(KeyId(id), state);
             true
         });
     }
@@ -419,7 +408,7 @@ impl Limiter {
     pub fn restore(&self, states: impl IntoIterator<Item = (KeyId, KeyState)>) {
         for (key, state) in states {
             self.states.insert(
-                key,
+                key.0,
                 KeyState {
                     changed: false,
                     ..state
@@ -440,7 +429,8 @@ mod tests {
     use proptest::prelude::*;
     use std::sync::Arc;
 
-    /// A million active keys fit in about 115 MB only while the state stays this small.
+    /// A state and its key fill one 64-byte slot of the limiter's table only while the state
+    /// stays this small.
     #[test]
     fn a_key_state_is_48_bytes() {
         assert_eq!(std::mem::size_of::<KeyState>(), 48);
