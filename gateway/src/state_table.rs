@@ -1,14 +1,14 @@
 //! The limiter's map from key ids to their state: shards of open-addressed tables whose slots
 //! are one cache line each, the key beside its value.
 //!
-//! A decision among a million keys reads its key's slot from memory, and that read is most of
-//! its time (`bench/results.md`: a decision costs about 0.7 of one load from memory). A
-//! SwissTable, such as `DashMap`'s, keeps a key's control byte apart from its entry, so a
-//! lookup reads two places, the second found only by the first. Here a lookup reads the slot
-//! its hash points to, and, only if another key holds that slot, the next ones (linear
-//! probing). With 56 bytes of key and state in a 64-byte slot, a table that is at most 7/8 full
-//! and grows by half takes 73 to 110 bytes a key (a SwissTable's entries with their control
-//! bytes took 120 at a million keys).
+//! A decision among a million keys reads its key's slot from memory, and that read is most of its
+//! time (`bench/results.md`: a decision costs about 0.7 of one load from memory). A SwissTable,
+//! such as `DashMap`'s, keeps a key's control byte apart from its entry, so a lookup reads two
+//! places, the second found only by the first. Here a lookup reads the slot its hash points to,
+//! and, only if another key holds that slot, the next ones (linear probing). With a key, its mark
+//! and its state (57 bytes) in a 64-byte slot, a table that is at most 7/8 full and grows by half
+//! takes 73 to 110 bytes a key (`DashMap`'s entries with their control bytes took 120-125 at a
+//! million keys; `cargo bench` measures 88 here).
 //!
 //! Each shard is a table under its own mutex, so decisions of different shards never wait for
 //! each other, and a pass over every key ([`StateTable::retain`]) holds one shard at a time.
