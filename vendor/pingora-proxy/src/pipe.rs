@@ -133,51 +133,49 @@ pub(crate) struct Sender<T, const N: usize> {
 }
 
 impl<T, const N: usize> Sender<T, N> {
+    /// The state, locked, once it has a free slot; `Closed` if the receiver is gone. Without a
+    /// context, `Full` instead of waiting; with one, its task is woken when a slot frees.
+    fn room(
+        &self,
+        cx: Option<&Context<'_>>,
+    ) -> Poll<Result<MutexGuard<'_, State<T, N>>, PipeError>> {
+        let mut state = self.shared.lock();
+        if !state.receiver {
+            return Poll::Ready(Err(PipeError::Closed));
+        }
+        if state.has_room() {
+            return Poll::Ready(Ok(state));
+        }
+        match cx {
+            Some(cx) => {
+                register(&mut state.tx_waker, cx);
+                Poll::Pending
+            }
+            None => Poll::Ready(Err(PipeError::Full)),
+        }
+    }
+
     /// Sends `value` once a slot is free; fails if the receiver is gone (and drops `value`).
+    /// The slot is found and filled under one lock.
     pub(crate) async fn send(&self, value: T) -> Result<(), PipeError> {
-        let mut value = Some(value);
-        poll_fn(|cx| {
-            let mut state = self.shared.lock();
-            if !state.receiver {
-                return Poll::Ready(Err(PipeError::Closed));
-            }
-            if state.has_room() {
-                deliver(state, value.take().expect("not polled after completion"));
-                return Poll::Ready(Ok(()));
-            }
-            register(&mut state.tx_waker, cx);
-            Poll::Pending
-        })
-        .await
+        let state = poll_fn(|cx| self.room(Some(cx))).await?;
+        deliver(state, value);
+        Ok(())
     }
 
     /// Waits for a slot and promises it to the permit returned; fails if the receiver is gone.
     pub(crate) async fn reserve(&self) -> Result<Permit<'_, T, N>, PipeError> {
-        poll_fn(|cx| {
-            let mut state = self.shared.lock();
-            if !state.receiver {
-                return Poll::Ready(Err(PipeError::Closed));
-            }
-            if state.has_room() {
-                state.promised += 1;
-                return Poll::Ready(Ok(Permit { sender: self }));
-            }
-            register(&mut state.tx_waker, cx);
-            Poll::Pending
-        })
-        .await
+        let mut state = poll_fn(|cx| self.room(Some(cx))).await?;
+        state.promised += 1;
+        Ok(Permit { sender: self })
     }
 
     /// A permit for a free slot, now.
     pub(crate) fn try_reserve(&self) -> Result<Permit<'_, T, N>, PipeError> {
-        let mut state = self.shared.lock();
-        if !state.receiver {
-            return Err(PipeError::Closed);
-        }
-        if !state.has_room() {
-            return Err(PipeError::Full);
-        }
-        state.promised += 1;
+        let Poll::Ready(room) = self.room(None) else {
+            unreachable!("without a context, room never waits")
+        };
+        room?.promised += 1;
         Ok(Permit { sender: self })
     }
 
