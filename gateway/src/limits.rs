@@ -317,6 +317,9 @@ pub fn banned(limits: Limits, until_ms: u64) -> Decision {
 /// Every key's state in this process's memory, each decision under the lock of its key's shard
 /// of the table ([`StateTable`]), so no two decisions of one key interleave. Memory grows only
 /// with valid keys: a request reaches the limiter only after its key was found in the key store.
+/// It shrinks again as the store's passes forget idle keys (their minute and UTC day over, no
+/// ban to remember): a shard of the table left at most a quarter full gives back most of its
+/// slots.
 /// The ban rules come with each call, from the request's configuration, so a reload changes
 /// them.
 ///

@@ -89,8 +89,24 @@ impl<V: Copy + Default> Shard<V> {
         if (self.len + 1) * 8 <= capacity * 7 {
             return;
         }
-        let grown = (capacity + capacity / 2).max(FIRST_CAPACITY);
-        let old = std::mem::replace(&mut self.slots, Self::empty_slots(grown));
+        self.rebuild((capacity + capacity / 2).max(FIRST_CAPACITY), hash_of);
+    }
+
+    /// Gives back most of the slots of a shard that forgot most of its keys. A shard at most a
+    /// quarter full is rebuilt half full, so it neither shrinks again nor grows soon after; one
+    /// left empty keeps no slots.
+    fn shrink_if_sparse(&mut self, hash_of: &impl Fn(u64) -> u64) {
+        let capacity = self.slots.len();
+        if self.len == 0 {
+            self.slots = Vec::new();
+        } else if capacity > FIRST_CAPACITY && self.len * 4 <= capacity {
+            self.rebuild((self.len * 2).max(FIRST_CAPACITY), hash_of);
+        }
+    }
+
+    /// Moves every key into `capacity` new slots, which must be more than the keys.
+    fn rebuild(&mut self, capacity: usize, hash_of: &impl Fn(u64) -> u64) {
+        let old = std::mem::replace(&mut self.slots, Self::empty_slots(capacity));
         for slot in old.into_iter().filter(|s| s.used) {
             let (i, _) = self.find(slot.key, hash_of(slot.key));
             self.slots[i] = slot;
@@ -210,7 +226,9 @@ impl<V: Copy + Default> StateTable<V> {
     }
 
     /// Keeps only the keys for which `keep` says so, a shard at a time; `keep` may change the
-    /// values it keeps. Each key is shown to `keep` once.
+    /// values it keeps. Each key is shown to `keep` once. A shard left at most a quarter full
+    /// gives back most of its slots, so the memory of a burst of keys is freed once they are
+    /// forgotten.
     pub fn retain(&self, mut keep: impl FnMut(u64, &mut V) -> bool) {
         let hash_of = |k| self.hash(k);
         for shard in self.shards.iter() {
@@ -239,6 +257,7 @@ impl<V: Copy + Default> StateTable<V> {
                     shard.remove_at(i, &hash_of);
                 }
             }
+            shard.shrink_if_sparse(&hash_of);
         }
     }
 
@@ -262,6 +281,25 @@ impl<V: Copy + Default> StateTable<V> {
             shard.slots = Vec::new();
             shard.len = 0;
         }
+    }
+}
+
+#[cfg(test)]
+impl<V> StateTable<V> {
+    /// Each shard's keys and slots.
+    fn shape(&self) -> Vec<(usize, usize)> {
+        self.shards
+            .iter()
+            .map(|s| {
+                let shard = s.lock().unwrap_or_else(PoisonError::into_inner);
+                (shard.len, shard.slots.len())
+            })
+            .collect()
+    }
+
+    /// The slots of every shard.
+    fn slots(&self) -> usize {
+        self.shape().iter().map(|&(_, slots)| slots).sum()
     }
 }
 
@@ -341,6 +379,16 @@ mod tests {
                     });
                     assert!(shown.values().all(|&n| n == 1), "a key shown twice");
                     assert_eq!(shown.len(), model.len(), "a key not shown");
+                    for (len, slots) in table.shape() {
+                        assert!(
+                            if len == 0 {
+                                slots == 0
+                            } else {
+                                slots <= FIRST_CAPACITY || len * 4 > slots
+                            },
+                            "a shard of {len} keys kept {slots} slots after a pass"
+                        );
+                    }
                     model.retain(|_, v| {
                         if *v % d == 0 {
                             return false;
@@ -394,6 +442,37 @@ mod tests {
             64,
             "key, mark and state in 64 bytes"
         );
+    }
+
+    /// The slots of a burst of keys are given back once the keys are forgotten, and a shard
+    /// shrunk still finds its keys and grows again.
+    #[test]
+    fn a_pass_that_forgets_most_keys_gives_back_their_slots() {
+        let table = StateTable::<u32>::default();
+        let key = |i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for i in 0..100_000 {
+            table.insert(key(i), i as u32);
+        }
+        let burst = table.slots();
+        assert!(burst >= 100_000 * 8 / 7, "{burst} slots for 100,000 keys");
+
+        table.retain(|_, v| *v % 100 == 0);
+        assert_eq!(table.len(), 1_000);
+        let kept = table.slots();
+        assert!(kept <= burst / 20, "{kept} slots kept of {burst}");
+        for i in 0..100_000 {
+            assert_eq!(table.get(key(i)), (i % 100 == 0).then_some(i as u32));
+        }
+
+        for i in 0..100_000 {
+            table.insert_if_absent(key(i), || i as u32);
+        }
+        assert_eq!(table.len(), 100_000);
+        assert_eq!(table.get(key(4_321)), Some(4_321));
+
+        table.retain(|_, _| false);
+        assert_eq!(table.slots(), 0);
+        assert!(table.is_empty());
     }
 
     /// Removals in a full-ish table keep every other key findable, clusters around the end of
