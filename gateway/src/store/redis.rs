@@ -244,14 +244,14 @@ impl RedisStore {
             .arg(bans.max.as_millis() as u64)
             .arg(bans.repeat_window.as_millis() as u64)
             .arg(ttl_ms);
-        let reply = match call.query_async(&mut conn).await {
+        let reply: ScriptReply = match call.query_async(&mut conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.script.load_async(&mut conn).await?;
                 call.query_async(&mut conn).await?
             }
             reply => reply?,
         };
-        decision_from_reply(reply, limits, now_ms)
+        decision_from_reply(reply.0, limits, now_ms)
     }
 
     /// This gateway's share of `limits` while it decides alone (the limit divided by the
@@ -471,14 +471,20 @@ impl Fallback {
     }
 }
 
-/// The script's reply, `(verdict, minute_remaining, minute_reset_ms, day_remaining,
-/// ban_until_ms)`, as the decision and where the key stands after it.
+/// The script's reply, `[verdict, minute_remaining, minute_reset_ms, day_remaining,
+/// ban_until_ms]`, as the decision and where the key stands after it.
 fn decision_from_reply(
-    reply: (u8, u64, u64, u64, u64),
+    reply: [u64; 5],
     limits: Limits,
     now_ms: u64,
 ) -> Result<(Decision, Heard), RedisError> {
-    let (code, minute_remaining, minute_reset_ms, day_remaining, ban_until_ms) = reply;
+    let [
+        code,
+        minute_remaining,
+        minute_reset_ms,
+        day_remaining,
+        ban_until_ms,
+    ] = reply;
     let verdict = match code {
         0 => Verdict::Admitted,
         1 => Verdict::RateLimited,
@@ -521,6 +527,38 @@ fn decision_from_reply(
         day: day_of(now_ms),
     };
     Ok((decision, heard))
+}
+
+/// The script's reply: verdict, minute remaining, minute reset, day remaining and ban end, as
+/// five decimal integers separated by spaces in one string (`limits.lua`). redis-rs parses one
+/// string in about 4,000 fewer instructions than an array of five integers, 4% of a GET's.
+/// Gateways of versions whose scripts answer differently still share one Redis: each calls its
+/// own script by its hash, and the fields of a key's state are the same.
+struct ScriptReply([u64; 5]);
+
+impl redis::FromRedisValue for ScriptReply {
+    fn from_redis_value(value: redis::Value) -> Result<ScriptReply, redis::ParsingError> {
+        if let redis::Value::BulkString(bytes) = &value
+            && let Some(numbers) = parse_reply(bytes)
+        {
+            return Ok(ScriptReply(numbers));
+        }
+        Err(format!("the limits script answered {value:?}").into())
+    }
+}
+
+/// Five decimal integers, each of at most 19 digits, separated by single spaces.
+fn parse_reply(bytes: &[u8]) -> Option<[u64; 5]> {
+    let mut fields = bytes.split(|&b| b == b' ');
+    let mut numbers = [0; 5];
+    for number in &mut numbers {
+        let digits = fields.next()?;
+        if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        *number = digits.iter().fold(0, |n, &d| n * 10 + u64::from(d - b'0'));
+    }
+    fields.next().is_none().then_some(numbers)
 }
 
 /// What `fallback = "allow"` answers: admitted, with the plan's limit and nothing known spent.
@@ -649,17 +687,51 @@ mod tests {
             per_day: 1_000,
         };
         // Admitted with fewer left of the day than of the minute: the headers describe the day.
-        let (d, heard) = decision_from_reply((0, 50, T0 + 60_000, 10, 0), limits, T0).unwrap();
+        let (d, heard) = decision_from_reply([0, 50, T0 + 60_000, 10, 0], limits, T0).unwrap();
         assert_eq!(d.verdict, Verdict::Admitted);
         assert_eq!((d.quota.name, d.quota.remaining), ("day", 10));
         assert_eq!(d.quota.reset_ms, (u64::from(day_of(T0)) + 1) * DAY_MS);
         assert_eq!((heard.minute_remaining, heard.day_remaining), (50, 10));
         // Banned by this request.
         let (d, heard) =
-            decision_from_reply((4, 0, T0 + 60_000, 10, T0 + 900_000), limits, T0).unwrap();
+            decision_from_reply([4, 0, T0 + 60_000, 10, T0 + 900_000], limits, T0).unwrap();
         assert_eq!((d.verdict, d.ban_imposed), (Verdict::Banned, true));
         assert_eq!((d.quota.remaining, d.quota.reset_ms), (0, T0 + 900_000));
         assert_eq!(heard.ban_until_ms, T0 + 900_000);
-        assert!(decision_from_reply((5, 0, 0, 0, 0), limits, T0).is_err());
+        assert!(decision_from_reply([5, 0, 0, 0, 0], limits, T0).is_err());
+    }
+
+    #[test]
+    fn the_scripts_reply_is_five_integers_or_an_error() {
+        assert_eq!(
+            parse_reply(b"1 0 1795341660000 9007199254740991 0"),
+            Some([1, 0, 1_795_341_660_000, (1 << 53) - 1, 0])
+        );
+        assert_eq!(
+            parse_reply(b"0 9999999999999999999 0 0 0"),
+            Some([0, 9_999_999_999_999_999_999, 0, 0, 0])
+        );
+        for bad in [
+            &b""[..],
+            b"0 1 2 3",
+            b"0 1 2 3 4 5",
+            b"0 1 2 3 4 ",
+            b"0  1 2 3 4",
+            b"0 1 2 3 -4",
+            b"0 1 2 3 1e+14",
+            b"0 1 2 3 4.5",
+            b"0 1 2 3 10000000000000000000",
+        ] {
+            assert_eq!(parse_reply(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+        let reply = redis::Value::BulkString(b"3 0 1 2 3".to_vec());
+        assert_eq!(
+            <ScriptReply as redis::FromRedisValue>::from_redis_value(reply)
+                .unwrap()
+                .0,
+            [3, 0, 1, 2, 3]
+        );
+        let array = redis::Value::Array(vec![redis::Value::Int(0); 5]);
+        assert!(<ScriptReply as redis::FromRedisValue>::from_redis_value(array).is_err());
     }
 }
