@@ -6,7 +6,7 @@
 -- ARGV     now_ms, per_minute, per_day, ban threshold, ban base_ms, ban max_ms,
 --          ban repeat_window_ms, ttl_ms
 -- Returns  "verdict minute_remaining minute_reset_ms day_remaining ban_until_ms", five
---          decimal integers in one string (a gateway reads one string in about a quarter of
+--          decimal integers in one string (a gateway reads one string in about a third of
 --          the instructions an array of five integer replies takes):
 --          verdict 0 admitted, 1 rate limited, 2 quota exceeded, 3 banned, 4 banned by this
 --          very request. Both windows are returned, not only the one the headers describe
