@@ -434,6 +434,65 @@ async fn ambiguous_paths_are_refused_before_any_decision() {
     assert_eq!(seen["x_end_to_end"], "kept too");
 }
 
+/// A request line with a space, a control character or DEL in its target (which pingora's parser
+/// refuses, and pingora would then percent-encode and forward: a target the client never sent)
+/// is refused with the contract's 400, not corrected, as RFC 9112 asks and nginx does; its
+/// connection closes, also when it comes pipelined behind a request that is served. Valid lines,
+/// an encoded space and blank lines before the line among them, are forwarded as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_line_with_a_space_or_control_in_its_target_is_refused_not_corrected() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = TestUpstream::start(Duration::ZERO).await;
+    let stack = Stack::start_with_text(dir.path(), &orders_route(&orders, ""));
+    let key = stack.key(&["--plan", "pro"]);
+    let get = |target: &str| {
+        format!("GET {target} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n")
+    };
+    for target in [
+        "/v1/store/orders/a b",
+        "/v1/store/orders/1 HTTP/1.1",
+        "/v1/store/orders/a\tb",
+        "/v1/store/orders/a\x7fb",
+        "/v1/store/orders/a\x01b",
+        "/v1/store/orders/a\rb",
+    ] {
+        let (answer, closed) = answer_and_close(stack.listen, &get(target));
+        assert!(answer.starts_with("HTTP/1.1 400 "), "{target:?}: {answer}");
+        let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+        let error: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(error["code"], "invalid_request", "{target:?}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains("request line"), "{target:?}: {message}");
+        assert!(closed, "{target:?}: the connection closes");
+    }
+    let answers = raw_answer(
+        stack.listen,
+        &[get("/v1/store/orders/1"), get("/v1/store/orders/a b")].concat(),
+    );
+    assert_eq!(statuses(&answers), ["200", "400"], "{answers}");
+    assert_eq!(
+        orders.hits(),
+        1,
+        "only the valid request reached the upstream"
+    );
+
+    for (request, forwarded) in [
+        (get("/v1/store/orders/a%20b"), "/v1/store/orders/a%20b"),
+        (
+            format!("\r\n{}", get("/v1/store/orders/2")),
+            "/v1/store/orders/2",
+        ),
+    ] {
+        let request = request.replace("\r\n\r\n", "\r\nConnection: close\r\n\r\n");
+        let (status, _, body) = raw_http(stack.listen, request.as_bytes());
+        assert_eq!(status, 200, "{request:?}: {body}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap()["path"],
+            forwarded
+        );
+    }
+}
+
 /// A body whose framing two readers could take differently is refused, as is an HTTP/1.1
 /// request without `Host`, with two, or with one that differs from the host of a target in
 /// absolute form, and the connection closes: what came before the gateway may have

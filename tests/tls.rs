@@ -315,19 +315,25 @@ async fn an_unparsable_request_over_https_gets_the_contract_error() {
     let ca = TestCa::new();
     let (cert, key) = ca.leaf(dir.path(), "server", false);
     let (_stack, tls) = tls_stack(dir.path(), &cert, &key);
-    let mut s = ca.connect_http1(tls).await;
-    s.write_all(b"NONSENSE\r\n\r\n").await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
-        .await
-        .expect("answered and closed")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
-    assert!(head.contains("Content-Type: application/json"), "{head}");
-    let error: serde_json::Value = serde_json::from_str(body).unwrap();
-    assert_eq!(error["code"], "invalid_request");
+    // Unparsable, and a target pingora would correct (`/v1/pets%20x`) rather than refuse.
+    for request in [
+        &b"NONSENSE\r\n\r\n"[..],
+        b"GET /v1/pets x HTTP/1.1\r\nHost: x\r\n\r\n",
+    ] {
+        let mut s = ca.connect_http1(tls).await;
+        s.write_all(request).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+            .await
+            .expect("answered and closed")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
+        assert!(head.contains("Content-Type: application/json"), "{head}");
+        let error: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(error["code"], "invalid_request");
+    }
 }
 
 #[test]

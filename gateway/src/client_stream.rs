@@ -28,6 +28,9 @@
 //! ([`ClientStream::retract`]). pingora flushes a response with `Content-Length` only at its end,
 //! and when it gives up on it; while its body is incomplete, the proxy holds such flushes back
 //! ([`ClientStream::hold`]), so that giving up leaves room for the error.
+//!
+//! And the stream checks each request line in the bytes the client sent, before pingora can
+//! correct it ([`crate::request_line`], [`ClientStream::request_line_invalid`]).
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -49,6 +52,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::errors;
 use crate::pipeline::Heads;
+use crate::request_line;
 
 /// How much of a response is gathered before it is written: a head and a page of pets. Larger
 /// writes go straight through.
@@ -79,6 +83,8 @@ pub struct ClientStream {
     retraction: ArcSwapOption<Vec<u8>>,
     /// Flushes wait: a response's body of known length is being written and is not whole yet.
     holding: AtomicBool,
+    /// How far the check of the request line being read has got ([`request_line::State`]).
+    line: AtomicU8,
 }
 
 /// The gateway's proxy has the request (and every connection it does not drive, e.g. HTTP/2).
@@ -105,17 +111,29 @@ impl ClientStream {
             sent: AtomicBool::new(false),
             retraction: ArcSwapOption::empty(),
             holding: AtomicBool::new(false),
+            line: AtomicU8::new(request_line::VALID),
         })
     }
 
     /// A new request is about to be read on `stream` (the keep-alive loop's call): until the
-    /// gateway's proxy has it, an answer is pingora's own.
+    /// gateway's proxy has it, an answer is pingora's own; its request line is checked as it is
+    /// read.
     pub fn expect_request(stream: &Stream) {
         if let Some(stream) = stream.as_any().downcast_ref::<ClientStream>() {
             stream.answering.store(PINGORA, Ordering::Relaxed);
             stream.sent.store(false, Ordering::Relaxed);
             stream.holding.store(false, Ordering::Relaxed);
+            stream.line.store(request_line::START, Ordering::Relaxed);
         }
+    }
+
+    /// Whether the request being served on `stream` came with a request line that is not valid
+    /// HTTP/1.1, which pingora corrected ([`crate::request_line`]).
+    pub fn request_line_invalid(stream: &Stream) -> bool {
+        stream
+            .as_any()
+            .downcast_ref::<ClientStream>()
+            .is_some_and(|s| s.line.load(Ordering::Relaxed) == request_line::INVALID)
     }
 
     /// The gateway's proxy has the request being served on `stream` (its first hook's call).
@@ -260,9 +278,11 @@ impl AsyncRead for ClientStream {
         let Some(heads) = &mut this.heads else {
             return Pin::new(&mut this.inner).poll_read(cx, buf);
         };
+        let start = buf.filled().len();
         // Held bytes are a request waiting: a zero-length read (the keep-alive loop's) is ready.
         if heads.waiting() {
             heads.deliver(buf);
+            request_line::check(this.line.get_mut(), &buf.filled()[start..]);
             return Poll::Ready(Ok(()));
         }
         if buf.remaining() == 0 {
@@ -278,9 +298,9 @@ impl AsyncRead for ClientStream {
             heads.hold(arrived.filled());
             return Poll::Ready(Ok(()));
         }
-        let start = buf.filled().len();
         ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
         heads.after_read(buf, start);
+        request_line::check(this.line.get_mut(), &buf.filled()[start..]);
         Poll::Ready(Ok(()))
     }
 }
@@ -375,6 +395,7 @@ mod tests {
             sent: AtomicBool::new(false),
             retraction: ArcSwapOption::empty(),
             holding: AtomicBool::new(false),
+            line: AtomicU8::new(request_line::VALID),
         };
         (stream, theirs)
     }
@@ -425,6 +446,35 @@ mod tests {
         assert_eq!(stream.read(&mut []).await.unwrap(), 0);
         let n = stream.read(&mut head).await.unwrap();
         assert_eq!(&head[..n], b"GET /c HTTP/1.1\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn each_request_line_is_checked_in_the_bytes_the_client_sent() {
+        /// The next request head read on `stream`, and whether its line failed the check.
+        async fn next_head(stream: &mut Stream) -> (String, bool) {
+            ClientStream::expect_request(stream);
+            let mut head = [0; 64];
+            let n = stream.read(&mut head).await.unwrap();
+            let head = String::from_utf8_lossy(&head[..n]).into_owned();
+            (head, ClientStream::request_line_invalid(stream))
+        }
+        let (stream, mut peer) = reading();
+        let mut stream: Stream = Box::new(stream);
+        let post = "POST /a HTTP/1.1\r\nContent-Length: 6\r\n\r\n";
+        peer.write_all(post.as_bytes()).await.unwrap();
+        assert_eq!(next_head(&mut stream).await, (post.to_owned(), false));
+        // A body is not a request line, whatever its bytes.
+        peer.write_all(b"a b\x01\r\n").await.unwrap();
+        stream.read_exact(&mut [0; 6]).await.unwrap();
+        assert!(!ClientStream::request_line_invalid(&stream));
+        // Two requests in one read: each line is checked on its own.
+        peer.write_all(b"GET /a b HTTP/1.1\r\n\r\nGET /c HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let invalid = "GET /a b HTTP/1.1\r\n\r\n".to_owned();
+        assert_eq!(next_head(&mut stream).await, (invalid, true));
+        let valid = "GET /c HTTP/1.1\r\n\r\n".to_owned();
+        assert_eq!(next_head(&mut stream).await, (valid, false));
     }
 
     #[tokio::test]

@@ -30,6 +30,7 @@ pub mod proxy;
 pub mod redis_conn;
 pub mod redis_keys;
 pub mod request_id;
+pub mod request_line;
 pub mod routes;
 pub mod settings;
 pub mod state_table;

@@ -6,7 +6,8 @@
 //! new_ctx                 the configuration in force, for the whole request
 //! request_filter          the request's head is in: the header timeout stops →
 //!                         client address (trusted proxies) → public pages (docs, OpenAPI) →
-//!                         body framing and Host unambiguous (400, connection closed) →
+//!                         request line valid as sent, body framing and Host unambiguous
+//!                         (400, connection closed) →
 //!                         path normalized, headers within limits (400), the client's `_`
 //!                         spellings of the headers set upstream dropped →
 //!                         route looked up → CORS preflight (204) →
