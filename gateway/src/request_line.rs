@@ -132,31 +132,26 @@ mod tests {
     }
 
     #[test]
-    fn valid_lines_pass_and_the_rest_of_the_head_is_not_looked_at() {
-        for line in [
-            &b"GET /v1/pets HTTP/1.1\r\n"[..],
-            b"GET /v1/pets?name=a%20b HTTP/1.1\nHost: x\r\n\r\n",
-            b"\r\n\r\nPOST /v1/pets HTTP/1.0\r\n",
-            b"\nGET /<\"caf\xc3\xa9\"> HTTP/1.1\r\nX-Tab:\ta b c\r\n\r\n",
-            b"GET http://x/v1/pets HTTP/1.1\r\n",
+    fn a_space_a_control_character_or_del_fails_and_only_the_line_is_looked_at() {
+        for (line, verdict) in [
+            (&b"GET /v1/pets HTTP/1.1\r\n"[..], VALID),
+            (b"GET /v1/pets?name=a%20b HTTP/1.1\nHost: x\r\n\r\n", VALID),
+            (b"\r\n\r\nPOST /v1/pets HTTP/1.0\r\n", VALID),
+            (
+                b"\nGET /<\"caf\xc3\xa9\"> HTTP/1.1\r\nX-Tab:\ta b c\r\n\r\n",
+                VALID,
+            ),
+            (b"GET http://x/v1/pets HTTP/1.1\r\n", VALID),
+            (b"GET /v1/pets x HTTP/1.1\r\n", INVALID),
+            (b"GET /v1/pets\tx HTTP/1.1\r\n", INVALID),
+            (b"GET /v1/pets\x7f HTTP/1.1\r\n", INVALID),
+            (b"GET /v1/pets\x00 HTTP/1.1\r\n", INVALID),
+            (b"GET /v1/pets\rx HTTP/1.1\r\n", INVALID),
+            (b"GET /v1/pets HTTP/1.1\r\r\n", INVALID),
+            (b"GET  /v1/pets HTTP/1.1\r\n", INVALID),
+            (b"GET /v1/pets HTTP/1.1 \r\n", INVALID),
         ] {
-            assert_eq!(checked(&[line]), VALID, "{:?}", line.escape_ascii());
-        }
-    }
-
-    #[test]
-    fn a_space_a_control_character_or_del_in_the_target_fails() {
-        for line in [
-            &b"GET /v1/pets x HTTP/1.1\r\n"[..],
-            b"GET /v1/pets\tx HTTP/1.1\r\n",
-            b"GET /v1/pets\x7f HTTP/1.1\r\n",
-            b"GET /v1/pets\x00 HTTP/1.1\r\n",
-            b"GET /v1/pets\rx HTTP/1.1\r\n",
-            b"GET /v1/pets HTTP/1.1\r\r\n",
-            b"GET  /v1/pets HTTP/1.1\r\n",
-            b"GET /v1/pets HTTP/1.1 \r\n",
-        ] {
-            assert_eq!(checked(&[line]), INVALID, "{:?}", line.escape_ascii());
+            assert_eq!(checked(&[line]), verdict, "{:?}", line.escape_ascii());
         }
     }
 
