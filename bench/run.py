@@ -853,6 +853,14 @@ def report(results):
                   f"Run by run, throughput: "
                   f"{', '.join(f'{x:.2f}x' for x in by_rps)} (median {statistics.median(by_rps):.2f}x); "
                   f"CPU: {', '.join(f'{x:.2f}x' for x in by_cpu)} (median {statistics.median(by_cpu):.2f}x).", ""]
+        # Inside a VM another tenant's load is invisible except as spread between rounds.
+        spread = {n: (max(r["rps"] for r in v) - min(r["rps"] for r in v)) / med[n] for n, v in rows.items()}
+        widest = max(spread, key=spread.get)
+        also = "" if widest == "nginx" else f"; nginx {spread['nginx']:.1%}"
+        lines += [f"How quiet the machine was: each contender's rounds spread by at most "
+                  f"**{spread[widest]:.1%}** of its median throughput ({widest}{also}). "
+                  "A quiet machine keeps this to a few percent; a run whose rounds spread by 10% or "
+                  "more was shared with other load and is not worth comparing with another run.", ""]
     if "open" in results:
         o = results["open"]
         lines += ["## Open loop: latency at fixed offered rates (oha --latency-correction, -c%d)" % CONN, "",
