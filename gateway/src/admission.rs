@@ -1,7 +1,8 @@
 //! What `request_filter` decides before anything is forwarded, in the order of the phase chart
 //! in [`crate::proxy`]: the request line as sent, the body's framing and `Host`, the path's one
 //! form, header limits, the route, CORS preflights, the key, `/v1/rate_limit`, the key's limits,
-//! the route's existence, a sunset, the declared body size. Each refusal is a [`GatewayError`]; the proxy sends it.
+//! the route's existence, a sunset, the declared body size. Each refusal is a [`GatewayError`];
+//! the proxy sends it.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -49,17 +50,14 @@ impl Gateway {
         let settings = ctx.settings.clone();
         let ip = ctx.client;
         let scan = HeaderScan::of(session.req_header());
-        let framing = if session
-            .stream()
-            .is_some_and(ClientStream::request_line_invalid)
-        {
-            Err(
+        let line = match session.stream() {
+            Some(stream) if ClientStream::request_line_invalid(stream) => Err(
                 "the request line is not valid HTTP/1.1: its target has a space, a control \
                  character or DEL in it",
-            )
-        } else {
-            scan.framing(session.req_header().version)
+            ),
+            _ => Ok(()),
         };
+        let framing = line.and_then(|()| scan.framing(session.req_header().version));
         if framing.is_err() {
             // Whatever read the request before the gateway may have framed it otherwise: nothing
             // more is read from this connection.
