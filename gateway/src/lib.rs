@@ -33,6 +33,7 @@ pub mod request_id;
 pub mod request_line;
 pub mod routes;
 pub mod settings;
+mod slot_memory;
 pub mod state_table;
 pub mod store;
 pub mod tls;

@@ -323,8 +323,9 @@ pub fn banned(limits: Limits, until_ms: u64) -> Decision {
 /// The ban rules come with each call, from the request's configuration, so a reload changes
 /// them.
 ///
-/// The table has 256 shards: the embedded store's pass locks one shard at a time, and a
-/// decision for a key of that shard waits, about 50 µs at a million keys.
+/// The embedded store's pass locks one shard at a time, for at most 512 slots before it lets
+/// waiting decisions in: a decision for a key of that shard waits a few µs (p99.9 under 60 µs at
+/// a million keys, while passes run back to back).
 #[derive(Debug, Default)]
 pub struct Limiter {
     states: StateTable<KeyState>,

@@ -8,18 +8,36 @@
 //! and, only if another key holds that slot, the next ones (linear probing). With a key, its mark
 //! and its state (57 bytes) in a 64-byte slot, a table that is at most 7/8 full and grows by half
 //! takes 73 to 110 bytes a key (`DashMap`'s entries with their control bytes took 120-125 at a
-//! million keys; `cargo bench` measures 88 here).
+//! million keys; `cargo bench` measures 80-84 here).
 //!
 //! Each shard is a table under its own mutex, so decisions of different shards never wait for
-//! each other, and a pass over every key ([`StateTable::retain`]) holds one shard at a time.
-//! Removal shifts the slots after it back (no tombstones), so a table that forgets idle keys
-//! stays as fast to search as a fresh one.
+//! each other. A shard's slots are one array, which from 2 MiB on is in transparent huge pages
+//! ([`crate::slot_memory`]): a million keys fill 32 shards' arrays of about 2.4 MiB each, and a
+//! decision among them no longer waits for a page walk as well as for its slot. A pass over every
+//! key ([`StateTable::retain`]) holds a shard for at most [`WINDOW`] slots at a time, so however
+//! large a shard is, a decision waits for a pass only briefly. Removal shifts the slots after it
+//! back (no tombstones), so a table that forgets idle keys stays as fast to search as a fresh one.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::hash::BuildHasher;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// Number of shards: a power of two, taken from the low bits of a key's hash.
-const SHARDS: usize = 256;
+use crate::slot_memory::SlotMemory;
+
+/// Number of shards: a power of two, taken from the low bits of a key's hash. Few enough that
+/// a shard of a million keys' table is more than one huge page, enough that worker threads
+/// seldom want the same shard at once.
+const SHARDS: usize = 32;
+
+/// The slots a pass looks at with its shard locked before it lets decisions in (a few µs).
+/// The unit tests take a few, so that their small tables are passed over in many windows too.
+const WINDOW: usize = if cfg!(test) { 5 } else { 512 };
+
+/// An empty slot's mark; a used slot is marked [`MARKS`]`.0` or `.1`, whichever its shard's last
+/// pass left on the keys it showed.
+const EMPTY: u8 = 0;
+
+/// The two marks of used slots.
+const MARKS: (u8, u8) = (1, 2);
 
 /// A shard's slots when it is first used.
 const FIRST_CAPACITY: usize = 8;
@@ -27,6 +45,8 @@ const FIRST_CAPACITY: usize = 8;
 /// A table of `V` by 64-bit key, in [`SHARDS`] shards.
 pub struct StateTable<V> {
     shards: Box<[Mutex<Shard<V>>]>,
+    /// Held by a pass ([`StateTable::retain`]) from start to end.
+    passing: Mutex<()>,
     /// Random for each table: the keys are random ids already, and this keeps them so.
     hasher: foldhash::fast::RandomState,
 }
@@ -36,25 +56,33 @@ pub struct StateTable<V> {
 #[derive(Clone, Copy)]
 struct Slot<V> {
     key: u64,
-    used: bool,
+    /// [`EMPTY`], or the mark of a used slot: a pass shows the keys whose mark is not yet its
+    /// own, so a key moved while the pass let go of the shard is still shown once.
+    mark: u8,
     value: V,
 }
 
 struct Shard<V> {
-    slots: Vec<Slot<V>>,
+    slots: SlotMemory<Slot<V>>,
     len: usize,
+    /// The mark new keys get: that of the shard's latest pass, so that a pass still going
+    /// shows the keys it found, not those added since (their state is new, and the next pass
+    /// shows it).
+    mark: u8,
+    /// Times the slots were replaced, for a pass to see that the slots it was looking at moved.
+    rebuilds: u64,
 }
 
 impl<V: Copy + Default> Shard<V> {
-    fn empty_slots(capacity: usize) -> Vec<Slot<V>> {
-        vec![
+    fn empty_slots(capacity: usize) -> SlotMemory<Slot<V>> {
+        SlotMemory::new(
+            capacity,
             Slot {
                 key: 0,
-                used: false,
+                mark: EMPTY,
                 value: V::default(),
-            };
-            capacity
-        ]
+            },
+        )
     }
 
     /// Where a key with hash `hash` belongs in `capacity` slots: the hash's high bits scaled to
@@ -69,7 +97,7 @@ impl<V: Copy + Default> Shard<V> {
         let mut i = Self::home(hash, capacity);
         loop {
             let slot = &self.slots[i];
-            if !slot.used {
+            if slot.mark == EMPTY {
                 return (i, false);
             }
             if slot.key == key {
@@ -98,7 +126,8 @@ impl<V: Copy + Default> Shard<V> {
     fn shrink_if_sparse(&mut self, hash_of: &impl Fn(u64) -> u64) {
         let capacity = self.slots.len();
         if self.len == 0 {
-            self.slots = Vec::new();
+            self.slots = SlotMemory::default();
+            self.rebuilds += 1;
         } else if capacity > FIRST_CAPACITY && self.len * 4 <= capacity {
             self.rebuild((self.len * 2).max(FIRST_CAPACITY), hash_of);
         }
@@ -107,9 +136,10 @@ impl<V: Copy + Default> Shard<V> {
     /// Moves every key into `capacity` new slots, which must be more than the keys.
     fn rebuild(&mut self, capacity: usize, hash_of: &impl Fn(u64) -> u64) {
         let old = std::mem::replace(&mut self.slots, Self::empty_slots(capacity));
-        for slot in old.into_iter().filter(|s| s.used) {
+        self.rebuilds += 1;
+        for slot in old.iter().filter(|s| s.mark != EMPTY) {
             let (i, _) = self.find(slot.key, hash_of(slot.key));
-            self.slots[i] = slot;
+            self.slots[i] = *slot;
         }
     }
 
@@ -131,7 +161,7 @@ impl<V: Copy + Default> Shard<V> {
         let (i, _) = self.find(key, hash);
         self.slots[i] = Slot {
             key,
-            used: true,
+            mark: self.mark,
             value: make(),
         };
         self.len += 1;
@@ -142,7 +172,7 @@ impl<V: Copy + Default> Shard<V> {
     /// be found: each one whose home is not between the hole and itself.
     fn remove_at(&mut self, mut hole: usize, hash_of: &impl Fn(u64) -> u64) {
         let capacity = self.slots.len();
-        self.slots[hole].used = false;
+        self.slots[hole].mark = EMPTY;
         self.len -= 1;
         let mut next = hole;
         loop {
@@ -150,7 +180,7 @@ impl<V: Copy + Default> Shard<V> {
             if next == capacity {
                 next = 0;
             }
-            if !self.slots[next].used {
+            if self.slots[next].mark == EMPTY {
                 return;
             }
             let home = Self::home(hash_of(self.slots[next].key), capacity);
@@ -160,7 +190,7 @@ impl<V: Copy + Default> Shard<V> {
             let from_hole = (next + capacity - hole) % capacity;
             if from_home >= from_hole {
                 self.slots[hole] = self.slots[next];
-                self.slots[next].used = false;
+                self.slots[next].mark = EMPTY;
                 hole = next;
             }
         }
@@ -173,11 +203,14 @@ impl<V: Copy + Default> Default for StateTable<V> {
             shards: (0..SHARDS)
                 .map(|_| {
                     Mutex::new(Shard {
-                        slots: Vec::new(),
+                        slots: SlotMemory::default(),
                         len: 0,
+                        mark: MARKS.0,
+                        rebuilds: 0,
                     })
                 })
                 .collect(),
+            passing: Mutex::new(()),
             hasher: foldhash::fast::RandomState::default(),
         }
     }
@@ -188,12 +221,11 @@ impl<V: Copy + Default> StateTable<V> {
         self.hasher.hash_one(key)
     }
 
-    /// The shard of `hash`, locked. Nothing under the lock panics but a caller's closure; a
-    /// shard it poisoned is still whole (each change to it is made in one step).
+    /// The shard of `hash`, locked. Nothing under the lock panics but a caller's closure, and a
+    /// shard it left is still whole (each change to it is made in one step); the lock is not
+    /// poisoned.
     fn shard(&self, hash: u64) -> MutexGuard<'_, Shard<V>> {
-        self.shards[hash as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shards[hash as usize % SHARDS].lock()
     }
 
     /// Runs `f` on `key`'s value (the default if it had none), under its shard's lock.
@@ -226,47 +258,69 @@ impl<V: Copy + Default> StateTable<V> {
     }
 
     /// Keeps only the keys for which `keep` says so, a shard at a time; `keep` may change the
-    /// values it keeps. Each key is shown to `keep` once. A shard left at most a quarter full
-    /// gives back most of its slots, so the memory of a burst of keys is freed once they are
-    /// forgotten.
-    pub fn retain(&self, mut keep: impl FnMut(u64, &mut V) -> bool) {
+    /// values it keeps. Each key that had a value when the pass came to its shard is shown to
+    /// `keep` once; one given a value since may or may not be. A shard left at most a quarter
+    /// full gives back most of its slots, so the memory of a burst of keys is freed once they
+    /// are forgotten. Passes take turns.
+    pub fn retain(&self, keep: impl FnMut(u64, &mut V) -> bool) {
+        self.retain_and_between(keep, || {});
+    }
+
+    /// [`StateTable::retain`], calling `between` each time the pass has let go of its shard.
+    fn retain_and_between(
+        &self,
+        mut keep: impl FnMut(u64, &mut V) -> bool,
+        mut between: impl FnMut(),
+    ) {
+        let _turn = self.passing.lock();
         let hash_of = |k| self.hash(k);
         for shard in self.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            let capacity = shard.slots.len();
-            // Start after an empty slot (a table is never full): a removal shifts back only
-            // slots up to the next empty one, so none already seen moves ahead of the scan.
-            let Some(start) = shard.slots.iter().position(|s| !s.used) else {
-                continue;
+            let mut guard = shard.lock();
+            // Keys not shown yet keep the other mark, whatever moves them.
+            let shown = if guard.mark == MARKS.0 {
+                MARKS.1
+            } else {
+                MARKS.0
             };
-            let mut seen = 0;
-            let mut i = start;
-            while seen < capacity {
-                i += 1;
-                if i == capacity {
+            guard.mark = shown;
+            let mut rebuilds = guard.rebuilds;
+            let mut i = 0;
+            loop {
+                let end = (i + WINDOW).min(guard.slots.len());
+                while i < end {
+                    // A removal shifts the slots after `i` back into it: look at `i` until it
+                    // holds no key to show. Slots shifted back from before `i` (around the end)
+                    // hold keys shown already.
+                    while guard.slots[i].mark != EMPTY && guard.slots[i].mark != shown {
+                        let slot = &mut guard.slots[i];
+                        if keep(slot.key, &mut slot.value) {
+                            slot.mark = shown;
+                            break;
+                        }
+                        guard.remove_at(i, &hash_of);
+                    }
+                    i += 1;
+                }
+                if i >= guard.slots.len() {
+                    break;
+                }
+                // Let waiting decisions in, first (a fair unlock: one that only let go of the
+                // lock would take it back before a waiting thread woke). Keys they add are
+                // marked shown; if the slots were replaced meanwhile, look at them all again
+                // for keys not shown.
+                MutexGuard::unlocked_fair(&mut guard, &mut between);
+                if guard.rebuilds != rebuilds {
+                    rebuilds = guard.rebuilds;
                     i = 0;
                 }
-                seen += 1;
-                // A removal can shift the next slots into `i`: look at `i` until it holds
-                // nothing new.
-                while shard.slots[i].used {
-                    let slot = &mut shard.slots[i];
-                    if keep(slot.key, &mut slot.value) {
-                        break;
-                    }
-                    shard.remove_at(i, &hash_of);
-                }
             }
-            shard.shrink_if_sparse(&hash_of);
+            guard.shrink_if_sparse(&hash_of);
         }
     }
 
     /// How many keys have a value.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len)
-            .sum()
+        self.shards.iter().map(|s| s.lock().len).sum()
     }
 
     /// Whether no key has a value.
@@ -277,9 +331,10 @@ impl<V: Copy + Default> StateTable<V> {
     /// Forgets every key, and the shards' memory.
     pub fn clear(&self) {
         for shard in self.shards.iter() {
-            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            shard.slots = Vec::new();
+            let mut shard = shard.lock();
+            shard.slots = SlotMemory::default();
             shard.len = 0;
+            shard.rebuilds += 1;
         }
     }
 }
@@ -291,7 +346,7 @@ impl<V> StateTable<V> {
         self.shards
             .iter()
             .map(|s| {
-                let shard = s.lock().unwrap_or_else(PoisonError::into_inner);
+                let shard = s.lock();
                 (shard.len, shard.slots.len())
             })
             .collect()
@@ -423,7 +478,7 @@ mod tests {
     }
 
     proptest! {
-        // Each case is slow in a debug build (every step counts all 256 shards).
+        // Each case is slow in a debug build (every step counts all the shards).
         #![proptest_config(ProptestConfig::with_cases(24))]
 
         /// Many keys: every shard grows several times.
@@ -497,5 +552,63 @@ mod tests {
             }
         }
         assert!(table.is_empty());
+    }
+
+    /// A pass shows each key it found once, and loses none, when keys are added to the shard
+    /// it is in while it has let go of it: enough to make the shard grow (its slots replaced)
+    /// at one of several points of the pass, or fewer, and with others changed.
+    #[test]
+    fn a_pass_shows_each_key_once_while_keys_are_added_and_its_shard_grows() {
+        for (window, adds) in [(0, 30), (1, 30), (40, 30), (150, 30), (190, 30), (40, 5)] {
+            let table = StateTable::<u32>::default();
+            // Keys of the first shard, the one a pass starts with.
+            let keys: Vec<u64> = (0..)
+                .map(|k: u64| k.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .filter(|&k| (table.hash(k) as usize).is_multiple_of(SHARDS))
+                .take(1_000)
+                .collect();
+            // 880 keys in 1,021 slots: the shard grows on the 14th key added.
+            let before = 880;
+            for &k in &keys[..before] {
+                table.insert(k, 1);
+            }
+            let forgets = |k: u64| k.is_multiple_of(3);
+            let mut shown = HashMap::<u64, u32>::new();
+            let (mut windows, mut added) = (0, before);
+            table.retain_and_between(
+                |k, v| {
+                    *shown.entry(k).or_insert(0) += 1;
+                    *v |= 4;
+                    !forgets(k)
+                },
+                || {
+                    if windows == window {
+                        for &k in &keys[added..added + adds] {
+                            table.insert(k, 7);
+                            // A key the pass keeps (`with` gives a forgotten one back).
+                            if let Some(&kept) = keys.iter().find(|&&o| !forgets(o)) {
+                                table.with(kept, |v| *v |= 2);
+                            }
+                        }
+                        added += adds;
+                    }
+                    windows += 1;
+                },
+            );
+            assert_eq!(added, before + adds, "keys added after window {window}");
+            assert!(shown.values().all(|&n| n == 1), "a key shown twice");
+            for (n, &k) in keys[..added].iter().enumerate() {
+                if n < before {
+                    assert_eq!(shown.get(&k), Some(&1), "key {n} not shown");
+                }
+                let kept = !forgets(k) || !shown.contains_key(&k);
+                assert_eq!(table.get(k).is_some(), kept, "key {n}");
+            }
+            let held = keys[..added]
+                .iter()
+                .filter(|&&k| table.get(k).is_some())
+                .count();
+            assert_eq!(table.len(), held);
+        }
     }
 }
