@@ -126,17 +126,22 @@ impl<V: Copy + Default> Shard<V> {
     fn shrink_if_sparse(&mut self, hash_of: &impl Fn(u64) -> u64) {
         let capacity = self.slots.len();
         if self.len == 0 {
-            self.slots = SlotMemory::default();
-            self.rebuilds += 1;
+            self.replace_slots(SlotMemory::default());
         } else if capacity > FIRST_CAPACITY && self.len * 4 <= capacity {
             self.rebuild((self.len * 2).max(FIRST_CAPACITY), hash_of);
         }
     }
 
+    /// Puts `slots` in place of the shard's, counted in [`Shard::rebuilds`], and hands back the
+    /// old ones.
+    fn replace_slots(&mut self, slots: SlotMemory<Slot<V>>) -> SlotMemory<Slot<V>> {
+        self.rebuilds += 1;
+        std::mem::replace(&mut self.slots, slots)
+    }
+
     /// Moves every key into `capacity` new slots, which must be more than the keys.
     fn rebuild(&mut self, capacity: usize, hash_of: &impl Fn(u64) -> u64) {
-        let old = std::mem::replace(&mut self.slots, Self::empty_slots(capacity));
-        self.rebuilds += 1;
+        let old = self.replace_slots(Self::empty_slots(capacity));
         for slot in old.iter().filter(|s| s.mark != EMPTY) {
             let (i, _) = self.find(slot.key, hash_of(slot.key));
             self.slots[i] = *slot;
@@ -332,9 +337,8 @@ impl<V: Copy + Default> StateTable<V> {
     pub fn clear(&self) {
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
-            shard.slots = SlotMemory::default();
+            shard.replace_slots(SlotMemory::default());
             shard.len = 0;
-            shard.rebuilds += 1;
         }
     }
 }
