@@ -249,3 +249,18 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
         "the peer is the client, alone"
     );
 }
+
+/// The limiter asks for transparent huge pages for its large tables (`gateway/src/slot_memory.rs`):
+/// the running binary must leave them on for the process, as its allocator (mimalloc, built with
+/// `no_thp`) does; an allocator setting that turned them off would make every decision among a
+/// million keys wait for a page walk again, with nothing else to show for it.
+#[test]
+fn the_running_gateway_leaves_huge_pages_on_for_the_regions_that_ask() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start(dir.path());
+    let status = std::fs::read_to_string(format!("/proc/{}/status", stack.proc.pid())).unwrap();
+    // Linux has said so since 5.0; an older kernel has no line to read.
+    if let Some(line) = status.lines().find(|l| l.starts_with("THP_enabled:")) {
+        assert_eq!(line.split_whitespace().nth(1), Some("1"), "{line}");
+    }
+}
