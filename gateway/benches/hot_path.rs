@@ -5,10 +5,13 @@
 //! load from memory, the floor under that decision.
 //! Also the embedded store's once-a-second write at 1,000,000 keys: the pass that takes what
 //! changed, and the whole write with the journal's fsync (under `CARGO_TARGET_TMPDIR`, on the
-//! disk the build is on); and, printed, how long decisions wait while such passes run, and how
-//! much memory the limiter gives back once its million keys are forgotten.
+//! disk the build is on); and, printed, how long decisions wait while such passes run, how
+//! much memory the limiter gives back once its million keys are forgotten, and how long the
+//! first decisions of new keys wait for their shard to grow.
 
+use std::cell::Cell;
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use animal_store_gateway::auth::authorize;
 use animal_store_gateway::bans::BanPolicy;
@@ -90,13 +93,12 @@ fn limiter(c: &mut Criterion) {
 
     let before = resident_bytes();
     let many = Limiter::new();
-    for k in 0..MANY {
-        many.check(spread(k), LIMITS, &bans, T0);
-    }
+    let growth = fill_timing_growth(&many, &bans);
     let per_key = (resident_bytes().saturating_sub(before)) as f64 / MANY as f64;
     println!(
         "limiter memory: {per_key:.0} bytes per active key at {MANY} keys (resident set growth)"
     );
+    println!("{growth}");
     c.bench_function("limiter decision, 1M active keys", |b| {
         let mut k = 0u64;
         let mut now = T0;
@@ -211,12 +213,87 @@ fn ten_thousand_changed(
     group.finish();
 }
 
+/// Gives `many` its keys, timing each one's first decision, and meanwhile, on another thread,
+/// decisions of keys it has already. The slowest first decisions are those that grew their
+/// shard: its new slots are made with the shard let go, but the keys move in under its lock,
+/// and the other thread's decisions for that shard wait for that. Counted as they come, so
+/// nothing here adds to the memory measured around it.
+fn fill_timing_growth(many: &Limiter, bans: &BanPolicy) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let filled = AtomicU64::new(0);
+    let (new, meanwhile) = std::thread::scope(|s| {
+        let others = s.spawn(|| {
+            let waits = Slow::default();
+            let mut k = 0u64;
+            loop {
+                let have = filled.load(Ordering::Relaxed);
+                if have == MANY {
+                    break waits;
+                }
+                if have > 0 {
+                    k = (k + 7_919) % have;
+                    waits.time(|| many.check(spread(k), LIMITS, bans, T0));
+                }
+            }
+        });
+        let first = Slow::default();
+        for k in 0..MANY {
+            first.time(|| many.check(spread(k), LIMITS, bans, T0));
+            filled.store(k + 1, Ordering::Relaxed);
+        }
+        (first, others.join().expect("the other thread's decisions"))
+    });
+    format!(
+        "limiter growth to {MANY} keys: first decisions of new keys {}; meanwhile, decisions of \
+         keys already in (another thread) {}",
+        new.report(),
+        meanwhile.report()
+    )
+}
+
+/// Decisions timed as they come: how many, and those slower than [`Slow::OVER`].
+#[derive(Default)]
+struct Slow {
+    count: Cell<u64>,
+    slow: Cell<u64>,
+    slow_total: Cell<Duration>,
+    slowest: Cell<Duration>,
+}
+
+impl Slow {
+    /// A decision alone takes well under 1 µs: one over this waited for something.
+    const OVER: Duration = Duration::from_micros(100);
+
+    fn time<T>(&self, decide: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let decision = black_box(decide());
+        let took = started.elapsed();
+        self.count.set(self.count.get() + 1);
+        if took > Self::OVER {
+            self.slow.set(self.slow.get() + 1);
+            self.slow_total.set(self.slow_total.get() + took);
+        }
+        self.slowest.set(self.slowest.get().max(took));
+        decision
+    }
+
+    fn report(&self) -> String {
+        let slow = self.slow.get();
+        format!(
+            "{}, of them {slow} over {:?} (mean {:?}), the slowest {:?}",
+            self.count.get(),
+            Self::OVER,
+            self.slow_total.get() / u32::try_from(slow.max(1)).unwrap_or(u32::MAX),
+            self.slowest.get(),
+        )
+    }
+}
+
 /// How long decisions take while another thread makes the embedded store's pass over `many`
 /// again and again: the pass locks each shard of the map in turn, and a decision for a key of
 /// the locked shard waits for it.
 fn waits_during_passes(many: &Limiter, bans: &BanPolicy) -> String {
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Instant;
     let passing = AtomicBool::new(true);
     let mut took = Vec::with_capacity(4_000_000);
     std::thread::scope(|s| {
