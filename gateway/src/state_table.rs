@@ -15,7 +15,8 @@
 //! ([`crate::slot_memory`]): a million keys fill 32 shards' arrays of about 2.4 MiB each, and a
 //! decision among them no longer waits for a page walk as well as for its slot. A pass over every
 //! key ([`StateTable::retain`]) holds a shard for at most [`WINDOW`] slots at a time, so however
-//! large a shard is, a decision waits for a pass only briefly. Removal shifts the slots after it
+//! large a shard is, a decision waits for a pass only briefly. A shard that grows or shrinks
+//! makes its new slots with the lock let go, and holds it only while its keys move in. Removal shifts the slots after it
 //! back (no tombstones), so a table that forgets idle keys stays as fast to search as a fresh one.
 
 use parking_lot::{Mutex, MutexGuard};
@@ -91,7 +92,16 @@ impl<V: Copy + Default> Shard<V> {
         ((u128::from(hash) * capacity as u128) >> 64) as usize
     }
 
-    /// The index of `key`'s slot, or of the empty slot where it would go.
+    /// The index of `key`'s slot, if it has one.
+    fn position(&self, key: u64, hash: u64) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let (i, found) = self.find(key, hash);
+        found.then_some(i)
+    }
+
+    /// The index of `key`'s slot, or of the empty slot where it would go; there must be one.
     fn find(&self, key: u64, hash: u64) -> (usize, bool) {
         let capacity = self.slots.len();
         let mut i = Self::home(hash, capacity);
@@ -110,25 +120,30 @@ impl<V: Copy + Default> Shard<V> {
         }
     }
 
-    /// Room for one more key: at most 7/8 full, growing by half (the first time, to
-    /// [`FIRST_CAPACITY`]).
-    fn reserve_one(&mut self, hash_of: &impl Fn(u64) -> u64) {
+    /// The slots the shard must grow to before it takes one more key, if it must: it is at
+    /// most 7/8 full, and grows by half (the first time, to [`FIRST_CAPACITY`]).
+    fn growth(&self) -> Option<usize> {
         let capacity = self.slots.len();
-        if (self.len + 1) * 8 <= capacity * 7 {
-            return;
-        }
-        self.rebuild((capacity + capacity / 2).max(FIRST_CAPACITY), hash_of);
+        ((self.len + 1) * 8 > capacity * 7).then(|| (capacity + capacity / 2).max(FIRST_CAPACITY))
     }
 
-    /// Gives back most of the slots of a shard that forgot most of its keys. A shard at most a
+    /// Room for one more key (see [`Shard::growth`]).
+    fn reserve_one(&mut self, hash_of: &impl Fn(u64) -> u64) {
+        if let Some(capacity) = self.growth() {
+            self.rebuild(capacity, hash_of);
+        }
+    }
+
+    /// The slots a shard that forgot most of its keys shrinks to, if it should: one at most a
     /// quarter full is rebuilt half full, so it neither shrinks again nor grows soon after; one
-    /// left empty keeps no slots.
-    fn shrink_if_sparse(&mut self, hash_of: &impl Fn(u64) -> u64) {
+    /// left empty keeps no slots (`Some(0)`).
+    fn shrinking(&self) -> Option<usize> {
         let capacity = self.slots.len();
         if self.len == 0 {
-            self.replace_slots(SlotMemory::default());
-        } else if capacity > FIRST_CAPACITY && self.len * 4 <= capacity {
-            self.rebuild((self.len * 2).max(FIRST_CAPACITY), hash_of);
+            (capacity > 0).then_some(0)
+        } else {
+            (capacity > FIRST_CAPACITY && self.len * 4 <= capacity)
+                .then(|| (self.len * 2).max(FIRST_CAPACITY))
         }
     }
 
@@ -141,11 +156,21 @@ impl<V: Copy + Default> Shard<V> {
 
     /// Moves every key into `capacity` new slots, which must be more than the keys.
     fn rebuild(&mut self, capacity: usize, hash_of: &impl Fn(u64) -> u64) {
-        let old = self.replace_slots(Self::empty_slots(capacity));
+        self.rebuild_into(Self::empty_slots(capacity), hash_of);
+    }
+
+    /// Moves every key into `slots`, empty and more than the keys, and hands back the old ones.
+    fn rebuild_into(
+        &mut self,
+        slots: SlotMemory<Slot<V>>,
+        hash_of: &impl Fn(u64) -> u64,
+    ) -> SlotMemory<Slot<V>> {
+        let old = self.replace_slots(slots);
         for slot in old.iter().filter(|s| s.mark != EMPTY) {
             let (i, _) = self.find(slot.key, hash_of(slot.key));
             self.slots[i] = *slot;
         }
+        old
     }
 
     /// `key`'s value, made by `make` if it has none.
@@ -156,11 +181,8 @@ impl<V: Copy + Default> Shard<V> {
         hash_of: &impl Fn(u64) -> u64,
         make: impl FnOnce() -> V,
     ) -> &mut V {
-        if !self.slots.is_empty() {
-            let (i, found) = self.find(key, hash);
-            if found {
-                return &mut self.slots[i].value;
-            }
+        if let Some(i) = self.position(key, hash) {
+            return &mut self.slots[i].value;
         }
         self.reserve_one(hash_of);
         let (i, _) = self.find(key, hash);
@@ -235,15 +257,77 @@ impl<V: Copy + Default> StateTable<V> {
 
     /// Runs `f` on `key`'s value (the default if it had none), under its shard's lock.
     pub fn with<T>(&self, key: u64, f: impl FnOnce(&mut V) -> T) -> T {
+        self.with_and_between(key, f, || {})
+    }
+
+    /// [`StateTable::with`], calling `between` each time a growth of the shard has let go of it.
+    fn with_and_between<T>(
+        &self,
+        key: u64,
+        f: impl FnOnce(&mut V) -> T,
+        between: impl FnMut(),
+    ) -> T {
         let hash = self.hash(key);
         let mut shard = self.shard(hash);
-        f(shard.entry(key, hash, &|k| self.hash(k), V::default))
+        if let Some(i) = shard.position(key, hash) {
+            return f(&mut shard.slots[i].value);
+        }
+        let freed = self.make_room(&mut shard, key, hash, between);
+        let made = f(shard.entry(key, hash, &|k| self.hash(k), V::default));
+        drop(shard);
+        drop(freed);
+        made
     }
 
     /// Gives `key` the value `make` makes, unless it has one.
     pub fn insert_if_absent(&self, key: u64, make: impl FnOnce() -> V) {
         let hash = self.hash(key);
-        self.shard(hash).entry(key, hash, &|k| self.hash(k), make);
+        let mut shard = self.shard(hash);
+        if shard.position(key, hash).is_some() {
+            return;
+        }
+        let freed = self.make_room(&mut shard, key, hash, || {});
+        shard.entry(key, hash, &|k| self.hash(k), make);
+        drop(shard);
+        drop(freed);
+    }
+
+    /// Room in `shard` for `key`, which it did not have when looked up. A shard that must grow
+    /// to take it gets its new slots made with the lock let go: making them touches every page,
+    /// which for an array in huge pages may take the kernel milliseconds (zeroing, and
+    /// compacting memory to find the pages; `cargo bench` prints these growths), and decisions
+    /// of the shard's other keys need not wait for that. They wait only while the keys move in.
+    /// Hands back the slots no longer used (the old ones, or new ones made in vain because the
+    /// shard changed meanwhile), to be given back once the lock is let go too. `between` runs
+    /// while the lock is let go.
+    #[cold]
+    fn make_room(
+        &self,
+        shard: &mut MutexGuard<'_, Shard<V>>,
+        key: u64,
+        hash: u64,
+        mut between: impl FnMut(),
+    ) -> Vec<SlotMemory<Slot<V>>> {
+        let mut freed = Vec::new();
+        while let Some(capacity) = shard.growth() {
+            let rebuilds = shard.rebuilds;
+            let slots = MutexGuard::unlocked(shard, || {
+                let slots = Shard::empty_slots(capacity);
+                between();
+                slots
+            });
+            // The same slots as before, so at most 7/8 full: the new ones have room for them all.
+            if shard.rebuilds == rebuilds {
+                freed.push(shard.rebuild_into(slots, &|k| self.hash(k)));
+            } else {
+                freed.push(slots);
+            }
+            // Another decision may have given `key` its value meanwhile.
+            if shard.position(key, hash).is_some() {
+                break;
+            }
+        }
+        freed
     }
 
     /// Sets `key`'s value.
@@ -255,11 +339,7 @@ impl<V: Copy + Default> StateTable<V> {
     pub fn get(&self, key: u64) -> Option<V> {
         let hash = self.hash(key);
         let shard = self.shard(hash);
-        if shard.slots.is_empty() {
-            return None;
-        }
-        let (i, found) = shard.find(key, hash);
-        found.then(|| shard.slots[i].value)
+        shard.position(key, hash).map(|i| shard.slots[i].value)
     }
 
     /// Keeps only the keys for which `keep` says so, a shard at a time; `keep` may change the
@@ -319,7 +399,25 @@ impl<V: Copy + Default> StateTable<V> {
                     i = 0;
                 }
             }
-            guard.shrink_if_sparse(&hash_of);
+            // As a growth does (`shard_with_room`): the new slots are made with the lock let go.
+            // Keys may come meanwhile: the shard shrinks only if they still fit at most 7/8 full.
+            if let Some(capacity) = guard.shrinking() {
+                let rebuilds = guard.rebuilds;
+                let slots = MutexGuard::unlocked_fair(&mut guard, || {
+                    let slots = Shard::empty_slots(capacity);
+                    between();
+                    slots
+                });
+                let freed = if guard.rebuilds != rebuilds || guard.len * 8 > capacity * 7 {
+                    slots
+                } else if capacity == 0 {
+                    guard.replace_slots(slots)
+                } else {
+                    guard.rebuild_into(slots, &hash_of)
+                };
+                drop(guard);
+                drop(freed);
+            }
         }
     }
 
@@ -613,6 +711,116 @@ mod tests {
                 .filter(|&&k| table.get(k).is_some())
                 .count();
             assert_eq!(table.len(), held);
+        }
+    }
+
+    /// Keys of the first shard: those a pass looks at first.
+    fn first_shard_keys(table: &StateTable<u32>, n: usize) -> Vec<u64> {
+        (0..)
+            .map(|k: u64| k.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .filter(|&k| (table.hash(k) as usize).is_multiple_of(SHARDS))
+            .take(n)
+            .collect()
+    }
+
+    /// A shard that grows lets go of its lock while its new slots are made, so decisions of its
+    /// other keys go on meanwhile; and what they do meanwhile is kept: keys added, even enough
+    /// to make the shard grow first, which leaves the slots made in vain.
+    #[test]
+    fn a_growing_shard_lets_others_in_while_its_new_slots_are_made() {
+        for adds in [0, 1, 200] {
+            let table = StateTable::<u32>::default();
+            let keys = first_shard_keys(&table, 1_000);
+            // The shard is full when a new key would make it more than 7/8 full.
+            let mut added = 0;
+            loop {
+                table.insert(keys[added], 1);
+                added += 1;
+                if added > FIRST_CAPACITY && table.shards[0].lock().growth().is_some() {
+                    break;
+                }
+            }
+            let (full, slots) = (added, table.shape()[0].1);
+            let mut growths_between = 0;
+            let value = table.with_and_between(
+                keys[full],
+                |v| {
+                    *v += 5;
+                    *v
+                },
+                || {
+                    growths_between += 1;
+                    let shard = table.shards[0].try_lock();
+                    assert!(shard.is_some(), "the shard locked while its slots are made");
+                    drop(shard);
+                    // Another decision of the shard meanwhile, and keys added.
+                    table.with(keys[0], |v| *v += 1);
+                    for &k in &keys[full + 1..full + 1 + adds] {
+                        table.insert(k, 3);
+                    }
+                },
+            );
+            assert_eq!(value, 5);
+            assert!(growths_between >= 1);
+            let (len, grown) = table.shape()[0];
+            assert_eq!(len, full + 1 + adds);
+            assert!(
+                grown > slots && len * 8 <= grown * 7,
+                "{len} keys in {grown} slots"
+            );
+            assert_eq!(table.get(keys[0]), Some(2));
+            for &k in &keys[1..full] {
+                assert_eq!(table.get(k), Some(1));
+            }
+            assert_eq!(table.get(keys[full]), Some(5));
+            for &k in &keys[full + 1..full + 1 + adds] {
+                assert_eq!(table.get(k), Some(3));
+            }
+        }
+    }
+
+    /// A pass shrinks a shard that forgot most of its keys with its lock let go while the new
+    /// slots are made; keys added meanwhile are kept, and if too many came for the smaller
+    /// slots, the shard keeps its own.
+    #[test]
+    fn a_shrinking_shard_keeps_the_keys_added_while_its_new_slots_are_made() {
+        for (adds, shrinks) in [(10, true), (600, false)] {
+            let table = StateTable::<u32>::default();
+            let keys = first_shard_keys(&table, 2_000);
+            for &k in &keys[..1_000] {
+                table.insert(k, 1);
+            }
+            let slots = table.shape()[0].1;
+            let mut lets_go = 0;
+            table.retain_and_between(
+                |k, _| keys[..100].contains(&k),
+                || {
+                    lets_go += 1;
+                    // Only once the pass is done with the shard: when it shrinks it.
+                    if table.shards[0].lock().len == 100 {
+                        for &k in &keys[1_000..1_000 + adds] {
+                            table.insert(k, 9);
+                        }
+                    }
+                },
+            );
+            assert!(lets_go > 0);
+            let (len, kept) = table.shape()[0];
+            assert_eq!(len, 100 + adds);
+            assert_eq!(
+                kept < slots,
+                shrinks,
+                "{kept} slots of {slots}, {adds} keys added"
+            );
+            for &k in &keys[..100] {
+                assert_eq!(table.get(k), Some(1));
+            }
+            for &k in &keys[100..1_000] {
+                assert_eq!(table.get(k), None);
+            }
+            for &k in &keys[1_000..1_000 + adds] {
+                assert_eq!(table.get(k), Some(9));
+            }
         }
     }
 }
