@@ -22,6 +22,9 @@ pub const MINUTE_MS: u64 = 60_000;
 /// Length of a UTC day, in milliseconds.
 pub const DAY_MS: u64 = 86_400_000;
 
+/// Changed states a chunk of [`Limiter::changes`] holds (56 KiB).
+const CHANGES_CHUNK: usize = 1024;
+
 /// What happened to a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -366,14 +369,24 @@ impl Limiter {
     /// count as changed; idle state is forgotten on the way. One pass over the keys, copying
     /// only the changed ones.
     pub fn changes(&self, bans: &BanPolicy, now_ms: u64) -> Vec<(KeyId, KeyState)> {
-        let mut changed = Vec::new();
+        // Copied into chunks that never grow, and joined after the pass: a vector that grew
+        // under a shard's lock would copy everything taken so far while decisions of that shard
+        // wait (`cargo bench`: up to 9 ms at 1M keys).
+        let mut chunks: Vec<Vec<(KeyId, KeyState)>> = Vec::new();
         self.sweep(bans, now_ms, |id, state| {
             if state.changed {
                 state.changed = false;
-                changed.push((id, *state));
+                match chunks.last_mut() {
+                    Some(chunk) if chunk.len() < chunk.capacity() => chunk.push((id, *state)),
+                    _ => {
+                        let mut chunk = Vec::with_capacity(CHANGES_CHUNK);
+                        chunk.push((id, *state));
+                        chunks.push(chunk);
+                    }
+                }
             }
         });
-        changed
+        chunks.concat()
     }
 
     /// Hands `take` every key's state that still matters at `now_ms` under `bans`, none of
@@ -676,6 +689,32 @@ mod tests {
         assert!(l.changes(&bans, T0 + 3).is_empty());
         l.snapshot(&bans, day_later, |_, _| panic!("both idle by then"));
         assert!(l.is_empty());
+    }
+
+    /// More changes than fit in one chunk: each key's latest state, once, whichever chunk
+    /// it was copied into.
+    #[test]
+    fn changes_of_many_keys_are_each_taken_once() {
+        let l = Limiter::default();
+        let bans = BanPolicy::default();
+        let limits = Limits {
+            per_minute: 1_000,
+            per_day: 1_000,
+        };
+        let keys = 3 * CHANGES_CHUNK as u64 + 17;
+        for k in 0..keys {
+            for _ in 0..=k % 3 {
+                l.check(KeyId(k), limits, &bans, T0);
+            }
+        }
+        let mut taken = l.changes(&bans, T0);
+        taken.sort_by_key(|(id, _)| id.0);
+        assert_eq!(taken.len() as u64, keys);
+        for (k, (id, state)) in (0..keys).zip(&taken) {
+            assert_eq!(id.0, k);
+            assert_eq!(u64::from(state.minute_count), k % 3 + 1);
+        }
+        assert!(l.changes(&bans, T0).is_empty(), "taken once");
     }
 
     proptest! {
