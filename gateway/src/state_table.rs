@@ -16,8 +16,9 @@
 //! decision among them no longer waits for a page walk as well as for its slot. A pass over every
 //! key ([`StateTable::retain`]) holds a shard for at most [`WINDOW`] slots at a time, so however
 //! large a shard is, a decision waits for a pass only briefly. A shard that grows or shrinks
-//! makes its new slots with the lock let go, and holds it only while its keys move in. Removal shifts the slots after it
-//! back (no tombstones), so a table that forgets idle keys stays as fast to search as a fresh one.
+//! makes its new slots with the lock let go, and holds it only while its keys move in. Removal
+//! shifts the slots after it back (no tombstones), so a table that forgets idle keys stays as
+//! fast to search as a fresh one.
 
 use parking_lot::{Mutex, MutexGuard};
 use std::hash::BuildHasher;
@@ -104,7 +105,8 @@ impl<V: Copy + Default> Shard<V> {
     /// The index of `key`'s slot, or of the empty slot where it would go; there must be one.
     fn find(&self, key: u64, hash: u64) -> (usize, bool) {
         let capacity = self.slots.len();
-        let mut i = Self::home(hash, capacity);
+        let home = Self::home(hash, capacity);
+        let mut i = home;
         loop {
             let slot = &self.slots[i];
             if slot.mark == EMPTY {
@@ -117,6 +119,8 @@ impl<V: Copy + Default> Shard<V> {
             if i == capacity {
                 i = 0;
             }
+            // A full table would be searched forever: in tests, a failure instead.
+            debug_assert_ne!(i, home, "no empty slot in {capacity}");
         }
     }
 
@@ -399,7 +403,7 @@ impl<V: Copy + Default> StateTable<V> {
                     i = 0;
                 }
             }
-            // As a growth does (`shard_with_room`): the new slots are made with the lock let go.
+            // As a growth does (`make_room`): the new slots are made with the lock let go.
             // Keys may come meanwhile: the shard shrinks only if they still fit at most 7/8 full.
             if let Some(capacity) = guard.shrinking() {
                 let rebuilds = guard.rebuilds;
@@ -791,20 +795,23 @@ mod tests {
                 table.insert(k, 1);
             }
             let slots = table.shape()[0].1;
+            // The pass lets go after each window of the shard but its last, and then once more
+            // while the shard's smaller slots are made (the other shards have none).
+            let windows = (slots - 1) / WINDOW;
             let mut lets_go = 0;
             table.retain_and_between(
                 |k, _| keys[..100].contains(&k),
                 || {
                     lets_go += 1;
-                    // Only once the pass is done with the shard: when it shrinks it.
-                    if table.shards[0].lock().len == 100 {
+                    if lets_go == windows + 1 {
+                        assert_eq!(table.shards[0].lock().len, 100, "the shard passed over");
                         for &k in &keys[1_000..1_000 + adds] {
                             table.insert(k, 9);
                         }
                     }
                 },
             );
-            assert!(lets_go > 0);
+            assert_eq!(lets_go, windows + 1);
             let (len, kept) = table.shape()[0];
             assert_eq!(len, 100 + adds);
             assert_eq!(
