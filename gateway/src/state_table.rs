@@ -314,24 +314,36 @@ impl<V: Copy + Default> StateTable<V> {
     ) -> Vec<SlotMemory<Slot<V>>> {
         let mut freed = Vec::new();
         while let Some(capacity) = shard.growth() {
-            let rebuilds = shard.rebuilds;
-            let slots = MutexGuard::unlocked(shard, || {
-                let slots = Shard::empty_slots(capacity);
-                between();
+            let (slots, unchanged) = Self::slots_made_unlocked(shard, capacity, &mut between);
+            // The same slots as before, so at most 7/8 full: the new ones have room for them all.
+            freed.push(if unchanged {
+                shard.rebuild_into(slots, &|k| self.hash(k))
+            } else {
                 slots
             });
-            // The same slots as before, so at most 7/8 full: the new ones have room for them all.
-            if shard.rebuilds == rebuilds {
-                freed.push(shard.rebuild_into(slots, &|k| self.hash(k)));
-            } else {
-                freed.push(slots);
-            }
             // Another decision may have given `key` its value meanwhile.
             if shard.position(key, hash).is_some() {
                 break;
             }
         }
         freed
+    }
+
+    /// `capacity` new slots for the shard of `guard`, made with its lock let go (fairly: a
+    /// decision waiting for it goes first), and whether the shard still has the slots it had
+    /// then, which another thread may have replaced meanwhile. `between` runs while it is let go.
+    fn slots_made_unlocked(
+        guard: &mut MutexGuard<'_, Shard<V>>,
+        capacity: usize,
+        between: impl FnOnce(),
+    ) -> (SlotMemory<Slot<V>>, bool) {
+        let rebuilds = guard.rebuilds;
+        let slots = MutexGuard::unlocked_fair(guard, || {
+            let slots = Shard::empty_slots(capacity);
+            between();
+            slots
+        });
+        (slots, guard.rebuilds == rebuilds)
     }
 
     /// Sets `key`'s value.
@@ -406,13 +418,9 @@ impl<V: Copy + Default> StateTable<V> {
             // As a growth does (`make_room`): the new slots are made with the lock let go.
             // Keys may come meanwhile: the shard shrinks only if they still fit at most 7/8 full.
             if let Some(capacity) = guard.shrinking() {
-                let rebuilds = guard.rebuilds;
-                let slots = MutexGuard::unlocked_fair(&mut guard, || {
-                    let slots = Shard::empty_slots(capacity);
-                    between();
-                    slots
-                });
-                let freed = if guard.rebuilds != rebuilds || guard.len * 8 > capacity * 7 {
+                let (slots, unchanged) =
+                    Self::slots_made_unlocked(&mut guard, capacity, &mut between);
+                let freed = if !unchanged || guard.len * 8 > capacity * 7 {
                     slots
                 } else if capacity == 0 {
                     guard.replace_slots(slots)
@@ -804,7 +812,10 @@ mod tests {
                 || {
                     lets_go += 1;
                     if lets_go == windows + 1 {
-                        assert_eq!(table.shards[0].lock().len, 100, "the shard passed over");
+                        let shard = table.shards[0].try_lock();
+                        let shard = shard.expect("the shard locked while its slots are made");
+                        assert_eq!(shard.len, 100, "the shard passed over");
+                        drop(shard);
                         for &k in &keys[1_000..1_000 + adds] {
                             table.insert(k, 9);
                         }
