@@ -131,13 +131,6 @@ impl<V: Copy + Default> Shard<V> {
         ((self.len + 1) * 8 > capacity * 7).then(|| (capacity + capacity / 2).max(FIRST_CAPACITY))
     }
 
-    /// Room for one more key (see [`Shard::growth`]).
-    fn reserve_one(&mut self, hash_of: &impl Fn(u64) -> u64) {
-        if let Some(capacity) = self.growth() {
-            self.rebuild(capacity, hash_of);
-        }
-    }
-
     /// The slots a shard that forgot most of its keys shrinks to, if it should: one at most a
     /// quarter full is rebuilt half full, so it neither shrinks again nor grows soon after; one
     /// left empty keeps no slots (`Some(0)`).
@@ -158,11 +151,6 @@ impl<V: Copy + Default> Shard<V> {
         std::mem::replace(&mut self.slots, slots)
     }
 
-    /// Moves every key into `capacity` new slots, which must be more than the keys.
-    fn rebuild(&mut self, capacity: usize, hash_of: &impl Fn(u64) -> u64) {
-        self.rebuild_into(Self::empty_slots(capacity), hash_of);
-    }
-
     /// Moves every key into `slots`, empty and more than the keys, and hands back the old ones.
     fn rebuild_into(
         &mut self,
@@ -177,18 +165,13 @@ impl<V: Copy + Default> Shard<V> {
         old
     }
 
-    /// `key`'s value, made by `make` if it has none.
-    fn entry(
-        &mut self,
-        key: u64,
-        hash: u64,
-        hash_of: &impl Fn(u64) -> u64,
-        make: impl FnOnce() -> V,
-    ) -> &mut V {
+    /// `key`'s value, made by `make` if it has none; the shard must have room for one more key
+    /// ([`StateTable::make_room`]).
+    fn entry(&mut self, key: u64, hash: u64, make: impl FnOnce() -> V) -> &mut V {
         if let Some(i) = self.position(key, hash) {
             return &mut self.slots[i].value;
         }
-        self.reserve_one(hash_of);
+        debug_assert!(self.growth().is_none(), "no room made for a new key");
         let (i, _) = self.find(key, hash);
         self.slots[i] = Slot {
             key,
@@ -277,7 +260,7 @@ impl<V: Copy + Default> StateTable<V> {
             return f(&mut shard.slots[i].value);
         }
         let freed = self.make_room(&mut shard, key, hash, between);
-        let made = f(shard.entry(key, hash, &|k| self.hash(k), V::default));
+        let made = f(shard.entry(key, hash, V::default));
         drop(shard);
         drop(freed);
         made
@@ -291,7 +274,7 @@ impl<V: Copy + Default> StateTable<V> {
             return;
         }
         let freed = self.make_room(&mut shard, key, hash, || {});
-        shard.entry(key, hash, &|k| self.hash(k), make);
+        shard.entry(key, hash, make);
         drop(shard);
         drop(freed);
     }
