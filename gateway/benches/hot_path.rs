@@ -111,6 +111,7 @@ fn limiter(c: &mut Criterion) {
     memory_latency(c);
 
     println!("{}", waits_during_passes(&many, &bans));
+    println!("{}", growth_with_passes(&bans));
 
     // What the embedded store does once a second: one pass over every key, copying the
     // changed ones out for the journal.
@@ -250,6 +251,51 @@ fn fill_timing_growth(many: &Limiter, bans: &BanPolicy) -> String {
         meanwhile.report()
     )
 }
+
+/// New keys at a steady pace, [`PACED_KEYS_PER_SECOND`], to a fresh limiter of [`MANY`], each
+/// one's first decision timed, while another thread makes the embedded store's pass every
+/// [`PASS_EVERY`]: a pass grows a shard it finds nearly full, so that no first decision has to
+/// (unlike [`fill_timing_growth`]'s, which come with no pass).
+fn growth_with_passes(bans: &BanPolicy) -> String {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let before = resident_bytes();
+    let paced = Limiter::new();
+    let filling = AtomicBool::new(true);
+    let first = std::thread::scope(|s| {
+        s.spawn(|| {
+            while filling.load(Ordering::Relaxed) {
+                std::thread::sleep(PASS_EVERY);
+                black_box(paced.changes(bans, T0));
+            }
+        });
+        let first = Slow::default();
+        let started = Instant::now();
+        const BATCH: u64 = 100;
+        for batch in 0..MANY / BATCH {
+            let due = Duration::from_secs_f64((batch * BATCH) as f64 / PACED_KEYS_PER_SECOND);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+            for k in batch * BATCH..(batch + 1) * BATCH {
+                first.time(|| paced.check(spread(k), LIMITS, bans, T0));
+            }
+        }
+        filling.store(false, Ordering::Relaxed);
+        first
+    });
+    let per_key = (resident_bytes().saturating_sub(before)) as f64 / MANY as f64;
+    format!(
+        "limiter growth to {MANY} keys at {PACED_KEYS_PER_SECOND} new keys a second, a pass every \
+         {PASS_EVERY:?}: first decisions of new keys {}; {per_key:.0} bytes per key",
+        first.report()
+    )
+}
+
+/// The pace of [`growth_with_passes`]'s new keys, and how often its passes come: at a million
+/// keys, a shard's early growth (from 13/16 full to 7/8) leaves room for about 75,000 new keys
+/// across the table between two passes; this brings 25,000.
+const PACED_KEYS_PER_SECOND: f64 = 100_000.0;
+const PASS_EVERY: Duration = Duration::from_millis(250);
 
 /// Decisions timed as they come: how many, and those slower than [`Slow::OVER`].
 #[derive(Default)]

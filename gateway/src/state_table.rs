@@ -7,8 +7,9 @@
 //! places, the second found only by the first. Here a lookup reads the slot its hash points to,
 //! and, only if another key holds that slot, the next ones (linear probing). With a key, its mark
 //! and its state (57 bytes) in a 64-byte slot, a table that is at most 7/8 full and grows by half
-//! takes 73 to 110 bytes a key (`DashMap`'s entries with their control bytes took 120-125 at a
-//! million keys; `cargo bench` measures 80-84 here).
+//! takes 73 to 110 bytes a key, and up to 118 where a pass grew a shard early (below)
+//! (`DashMap`'s entries with their control bytes took 120-125 at a million keys; `cargo bench`
+//! measures 80-84 here).
 //!
 //! Each shard is a table under its own mutex, so decisions of different shards never wait for
 //! each other. A shard's slots are one array, which from 2 MiB on is in transparent huge pages
@@ -16,7 +17,9 @@
 //! decision among them no longer waits for a page walk as well as for its slot. A pass over every
 //! key ([`StateTable::retain`]) holds a shard for at most [`WINDOW`] slots at a time, so however
 //! large a shard is, a decision waits for a pass only briefly. A shard that grows or shrinks
-//! makes its new slots with the lock let go, and holds it only while its keys move in. Removal
+//! makes its new slots with the lock let go, and holds it only while its keys move in. A pass
+//! grows a shard it finds nearly full, so that keys arriving at an everyday pace never make a
+//! decision wait for its shard's new slots: only a burst of them within one pass does. Removal
 //! shifts the slots after it back (no tombstones), so a table that forgets idle keys stays as
 //! fast to search as a fresh one.
 
@@ -129,6 +132,15 @@ impl<V: Copy + Default> Shard<V> {
     fn growth(&self) -> Option<usize> {
         let capacity = self.slots.len();
         ((self.len + 1) * 8 > capacity * 7).then(|| (capacity + capacity / 2).max(FIRST_CAPACITY))
+    }
+
+    /// The slots a pass grows a nearly full shard to, if it should: one more than 13/16 full
+    /// grows by half, as its next keys would soon make it grow in a decision, whose request would
+    /// then wait for the new slots to be made (milliseconds for an array in huge pages). Grown
+    /// from 13/16, it is at least 13/24 full after: at most 118 bytes a key.
+    fn early_growth(&self) -> Option<usize> {
+        let capacity = self.slots.len();
+        (self.len * 16 > capacity * 13).then(|| capacity + capacity / 2)
     }
 
     /// The slots a shard that forgot most of its keys shrinks to, if it should: one at most a
@@ -345,7 +357,8 @@ impl<V: Copy + Default> StateTable<V> {
     /// values it keeps. Each key that had a value when the pass came to its shard is shown to
     /// `keep` once; one given a value since may or may not be. A shard left at most a quarter
     /// full gives back most of its slots, so the memory of a burst of keys is freed once they
-    /// are forgotten. Passes take turns.
+    /// are forgotten; one left more than 13/16 full grows by half, ahead of its next keys.
+    /// Passes take turns.
     pub fn retain(&self, keep: impl FnMut(u64, &mut V) -> bool) {
         self.retain_and_between(keep, || {});
     }
@@ -398,9 +411,12 @@ impl<V: Copy + Default> StateTable<V> {
                     i = 0;
                 }
             }
-            // As a growth does (`make_room`): the new slots are made with the lock let go.
-            // Keys may come meanwhile: the shard shrinks only if they still fit at most 7/8 full.
-            if let Some(capacity) = guard.shrinking() {
+            // A shard that forgot most of its keys shrinks; one nearly full grows now, on the
+            // pass's thread, rather than in the decision of a request that brings a new key. As
+            // a growth does (`make_room`): the new slots are made with the lock let go. Keys may
+            // come meanwhile: the new slots are used only if they still hold them at most 7/8
+            // full.
+            if let Some(capacity) = guard.shrinking().or_else(|| guard.early_growth()) {
                 let (slots, unchanged) =
                     Self::slots_made_unlocked(&mut guard, capacity, &mut between);
                 let freed = if !unchanged || guard.len * 8 > capacity * 7 {
@@ -771,6 +787,79 @@ mod tests {
             for &k in &keys[full + 1..full + 1 + adds] {
                 assert_eq!(table.get(k), Some(3));
             }
+        }
+    }
+
+    /// A pass grows a shard that it finds more than 13/16 full, with its lock let go while the
+    /// new slots are made and the keys added meanwhile kept, so that the decisions that bring
+    /// the shard's next keys make no slots; if keys enough for a decision to grow the shard came
+    /// meanwhile (here twice), the pass's slots are not used. A shard less full keeps its slots.
+    #[test]
+    fn a_pass_grows_a_nearly_full_shard_ahead_of_its_next_keys() {
+        for (fill_to_13_16, adds) in [(true, 0), (true, 3), (true, 400), (false, 0)] {
+            let table = StateTable::<u32>::default();
+            let keys = first_shard_keys(&table, 2_000);
+            // Grown as decisions grow it, to the first size that holds 400 keys.
+            for &k in &keys[..400] {
+                table.insert(k, 1);
+            }
+            let mut added = 400;
+            while fill_to_13_16 && table.shards[0].lock().early_growth().is_none() {
+                table.insert(keys[added], 1);
+                added += 1;
+            }
+            let slots = table.shape()[0].1;
+            assert!(
+                table.shards[0].lock().growth().is_none(),
+                "the shard grew in a decision"
+            );
+            let windows = (slots - 1) / WINDOW;
+            let mut lets_go = 0;
+            table.retain_and_between(
+                |_, _| true,
+                || {
+                    lets_go += 1;
+                    if lets_go == windows + 1 {
+                        let shard = table.shards[0].try_lock();
+                        assert!(shard.is_some(), "the shard locked while its slots are made");
+                        drop(shard);
+                        for &k in &keys[added..added + adds] {
+                            table.insert(k, 9);
+                        }
+                    }
+                },
+            );
+            let (len, grown) = table.shape()[0];
+            assert_eq!(len, added + adds);
+            if !fill_to_13_16 {
+                assert_eq!(
+                    (lets_go, grown),
+                    (windows, slots),
+                    "a shard not nearly full grew"
+                );
+                continue;
+            }
+            assert_eq!(lets_go, windows + 1);
+            assert!(
+                grown >= slots + slots / 2 && len * 8 <= grown * 7,
+                "{len} keys in {grown} slots"
+            );
+            if adds < 10 {
+                assert_eq!(grown, slots + slots / 2, "{len} keys in {slots} slots");
+            }
+            for &k in &keys[..added] {
+                assert_eq!(table.get(k), Some(1));
+            }
+            for &k in &keys[added..added + adds] {
+                assert_eq!(table.get(k), Some(9));
+            }
+            // Room for the next keys up to 7/8 of the new slots: none of their decisions grows
+            // the shard.
+            let room = grown * 7 / 8 - len;
+            for &k in &keys[added + adds..added + adds + room] {
+                table.with_and_between(k, |v| *v = 2, || panic!("a decision grew the shard"));
+            }
+            assert_eq!(table.shape()[0], (len + room, grown));
         }
     }
 
