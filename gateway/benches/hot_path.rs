@@ -254,8 +254,8 @@ fn fill_timing_growth(many: &Limiter, bans: &BanPolicy) -> String {
 
 /// New keys at a steady pace, [`PACED_KEYS_PER_SECOND`], to a fresh limiter of [`MANY`], each
 /// one's first decision timed, while another thread makes the embedded store's pass every
-/// [`PASS_EVERY`]: a pass grows a shard it finds nearly full, so that no first decision has to
-/// (unlike [`fill_timing_growth`]'s, which come with no pass).
+/// [`PASS_EVERY`]: a pass grows a shard it finds nearly full, so that at this pace no first
+/// decision has to (unlike [`fill_timing_growth`]'s, which come with no pass).
 fn growth_with_passes(bans: &BanPolicy) -> String {
     use std::sync::atomic::{AtomicBool, Ordering};
     let before = resident_bytes();

@@ -127,20 +127,25 @@ impl<V: Copy + Default> Shard<V> {
         }
     }
 
-    /// The slots the shard must grow to before it takes one more key, if it must: it is at
-    /// most 7/8 full, and grows by half (the first time, to [`FIRST_CAPACITY`]).
-    fn growth(&self) -> Option<usize> {
+    /// The slots the shard grows to: half as many again as it has (the first time,
+    /// [`FIRST_CAPACITY`]).
+    fn grown(&self) -> usize {
         let capacity = self.slots.len();
-        ((self.len + 1) * 8 > capacity * 7).then(|| (capacity + capacity / 2).max(FIRST_CAPACITY))
+        (capacity + capacity / 2).max(FIRST_CAPACITY)
+    }
+
+    /// The slots the shard must grow to before it takes one more key, if it must: it is at
+    /// most 7/8 full.
+    fn growth(&self) -> Option<usize> {
+        ((self.len + 1) * 8 > self.slots.len() * 7).then(|| self.grown())
     }
 
     /// The slots a pass grows a nearly full shard to, if it should: one more than 13/16 full
-    /// grows by half, as its next keys would soon make it grow in a decision, whose request would
+    /// grows now, as its next keys would soon make it grow in a decision, whose request would
     /// then wait for the new slots to be made (milliseconds for an array in huge pages). Grown
     /// from 13/16, it is at least 13/24 full after: at most 118 bytes a key.
     fn early_growth(&self) -> Option<usize> {
-        let capacity = self.slots.len();
-        (self.len * 16 > capacity * 13).then(|| capacity + capacity / 2)
+        (self.len * 16 > self.slots.len() * 13).then(|| self.grown())
     }
 
     /// The slots a shard that forgot most of its keys shrinks to, if it should: one at most a
