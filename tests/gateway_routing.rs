@@ -1577,6 +1577,80 @@ fn scripted_upstream(
     (addr, received)
 }
 
+/// The gateway keeps idle upstream connections and sends later requests on them, from any
+/// client connection served by the same thread: a client's requests, one after another, and
+/// then another client's, all reach the upstream on one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_upstream_connections_are_kept_for_later_requests_of_any_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let orders = TestUpstream::start(Duration::ZERO).await;
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!("threads = 1\n{}", orders_route(&orders, "")),
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    for client_connection in 0..3 {
+        // A client of its own, so a connection of its own.
+        let c = client();
+        for i in 0..5 {
+            let r = c
+                .get(stack.url(&format!("/v1/store/orders/{client_connection}-{i}")))
+                .bearer_auth(&key)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    }
+    assert_eq!(orders.hits(), 15);
+    assert_eq!(
+        orders.connections(),
+        1,
+        "every request on the one kept connection"
+    );
+}
+
+/// A kept upstream connection that the upstream closes while it is idle is not sent the next
+/// request, which goes on a new connection and is answered: even a POST, which the gateway never
+/// sends twice, so it would have been a 502 had it gone on the closed connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_upstream_connection_the_upstream_closed_is_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    // Answers one request a connection, with keep-alive, then closes it.
+    let (upstream, heads) = scripted_upstream(|_| {
+        let answer =
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]";
+        (answer.as_bytes().to_vec(), Duration::ZERO)
+    });
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!(
+            "threads = 1\n{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store\"\nupstream = \"{upstream}\"\n"
+        ),
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let c = client();
+    for (i, method) in ["GET", "POST", "POST", "GET"].into_iter().enumerate() {
+        let r = c
+            .request(method.parse().unwrap(), stack.url("/v1/store/orders"))
+            .bearer_auth(&key)
+            .header("Content-Length", "0")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "request {i}, a {method}");
+        assert_eq!(r.text().await.unwrap(), "[]");
+        // Each answered on a connection of its own, which the upstream has closed meanwhile.
+        let head = heads.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(
+            head.starts_with(&format!("{method} /v1/store/orders ")),
+            "{head}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(heads.try_recv().is_err(), "no request was sent twice");
+}
+
 /// An upstream whose response breaks off before its end: if none of it has reached the client
 /// (its head with `Content-Length` waits for the body, and the body is short), the client gets
 /// the contract's 502, or 504 if the upstream stalls instead, never an empty reply. Once some

@@ -564,10 +564,12 @@ pub fn links(r: &reqwest::Response) -> Vec<&str> {
 }
 
 /// A tiny upstream for routing tests: answers every request with 200 and a JSON echo of its
-/// path and headers, after an optional delay; counts the requests it saw.
+/// path and headers, after an optional delay; counts the requests it saw and the connections
+/// they came on.
 pub struct TestUpstream {
     pub addr: SocketAddr,
     pub hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     stop: tokio::sync::watch::Sender<bool>,
     /// Ends (`recv` gives `None`) when the listener and every connection are closed: each task
     /// holds a sender.
@@ -609,6 +611,8 @@ impl TestUpstream {
         let addr = listener.local_addr().unwrap();
         let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = hits.clone();
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let accepts = connections.clone();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut accept_stopped = stopped.clone();
         let (alive, running) = tokio::sync::mpsc::channel::<()>(1);
@@ -621,6 +625,7 @@ impl TestUpstream {
                 let Ok((stream, _)) = accepted else {
                     break;
                 };
+                accepts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let (counter, tls) = (counter.clone(), tls.clone());
                 let mut conn_stopped = stopped.clone();
                 let alive = alive.clone();
@@ -648,6 +653,7 @@ impl TestUpstream {
         TestUpstream {
             addr,
             hits,
+            connections,
             stop,
             running: tokio::sync::Mutex::new(running),
         }
@@ -655,6 +661,11 @@ impl TestUpstream {
 
     pub fn hits(&self) -> usize {
         self.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many connections it has accepted.
+    pub fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

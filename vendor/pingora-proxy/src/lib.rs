@@ -87,6 +87,7 @@ const MAX_SHUTDOWN_NOTIFY_SHARDS: usize = 256;
 type DownstreamCustomMessageReader =
     Box<dyn futures::Stream<Item = Result<Bytes>> + Unpin + Send + Sync + 'static>;
 
+mod kept; // Animal Store's patch: idle upstream connections kept per thread
 mod pipe; // Animal Store's patch: the task pipes of `proxy_h1`
 mod proxy_cache;
 mod proxy_common;
@@ -195,6 +196,12 @@ where
     pub upstream_modules: HttpModules,
     max_retries: usize,
     process_custom_session: Option<ProcessCustomSession<SV, C>>,
+    /// Animal Store's patch: with `Some(most)`, idle HTTP/1 connections to upstreams that offer
+    /// only HTTP/1 are kept by the thread that used them, at most `most` of them a thread, in
+    /// place of the connection pool (see `kept.rs`). Only for a proxy whose threads each run
+    /// their own runtime (`ServerConf::work_stealing` off): a connection released on one thread
+    /// is only ever taken on that thread. `None` (the default) leaves them to the pool.
+    pub kept_upstreams: Option<usize>,
 }
 
 impl<SV> HttpProxy<SV, ()> {
@@ -231,6 +238,7 @@ impl<SV> HttpProxy<SV, ()> {
             upstream_modules: HttpModules::new(),
             max_retries: conf.max_retries,
             process_custom_session: None,
+            kept_upstreams: None, // Animal Store's patch
         }
     }
 }
@@ -267,6 +275,7 @@ where
             max_retries: conf.max_retries,
             process_custom_session: on_custom,
             h2_options: None,
+            kept_upstreams: None, // Animal Store's patch
         }
     }
 
@@ -414,7 +423,22 @@ where
             Err(e) => return (false, Some(e)),
         };
 
-        let client_session = self.client_upstream.get_http_session(&*peer).await;
+        // Animal Store's patch: an idle connection this thread kept for the peer, if it keeps them
+        // (`kept_upstreams`), else one from the pool or a new one.
+        let kept = self
+            .kept_upstreams
+            .filter(|_| {
+                peer.get_peer_options()
+                    .is_none_or(|o| o.alpn.get_max_http_version() == 1)
+            })
+            .map(|most| (most, std::time::Instant::now()));
+        let client_session = match kept.and_then(|(_, now)| kept::take(peer.reuse_hash(), now)) {
+            Some(stream) => Ok((
+                ClientSession::H1(HttpSessionV1::new_with_options(stream, &*peer)),
+                true,
+            )),
+            None => self.client_upstream.get_http_session(&*peer).await,
+        };
         match client_session {
             Ok((client_session, client_reused)) => {
                 let (server_reused, error) = match client_session {
@@ -422,7 +446,15 @@ where
                         let (server_reused, client_reuse, error) = self
                             .proxy_to_h1_upstream(session, &mut h1, client_reused, &peer, ctx)
                             .await;
-                        if client_reuse {
+                        // Animal Store's patch: kept by this thread, as `Connector`'s
+                        // `release_http_session` releases it to the pool.
+                        if let (true, Some((most, since))) = (client_reuse, kept) {
+                            h1.respect_keepalive();
+                            if let Some(stream) = h1.reuse().await {
+                                let idle = peer.idle_timeout();
+                                kept::keep(peer.reuse_hash(), stream, since, idle, most);
+                            }
+                        } else if client_reuse {
                             let session = ClientSession::H1(h1);
                             self.client_upstream
                                 .release_http_session(session, &*peer, peer.idle_timeout())
