@@ -66,6 +66,9 @@ TARGET_PAIR = ("nginx", "gateway (embedded)")
 # nearest its edge: the gateway at 0.9x the pass-through (see `part_get`).
 PAIR_ROUNDS = int(os.environ.get("PAIR_ROUNDS", "12"))
 FLOOR_PAIR = ("pingora pass-through", "gateway (embedded)")
+# The pass-through with idle upstream connections kept per thread, as the gateway keeps them: the
+# gateway against it is what the gateway's features cost.
+KEPT_PASS = "pass-through, kept upstreams"
 BIN = ROOT / "target/release/animal-store"
 PASS = ROOT / "target/release/passthrough"
 WORK = Path(tempfile.mkdtemp(prefix="animal-bench-"))
@@ -270,9 +273,12 @@ backend be
     return proc, port
 
 
-def passthrough(upstream, wrap=()):
+def passthrough(upstream, wrap=(), kept=False):
+    """The bare pass-through; with `kept`, its thread keeps idle upstream connections as the
+    gateway's do, instead of pingora's pool (`vendor/README.md`)."""
     port = free_port()
-    proc = start(0, [*wrap, PASS, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.port}"], f"passthrough-{port}")
+    proc = start(0, [*wrap, PASS, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.port}",
+                     *(["--kept-upstreams"] if kept else [])], f"passthrough-{port}")
     wait_port(port, proc)
     return proc, port
 
@@ -329,6 +335,7 @@ def part_get(upstream, results):
         "nginx": nginx_proxy(upstream),
         "haproxy": haproxy_proxy(upstream),
         "pingora pass-through": passthrough(upstream),
+        KEPT_PASS: passthrough(upstream, kept=True),
         "gateway (embedded)": gateway(upstream.port, data),
         "gateway (redis)": gateway(upstream.port, WORK / "gw-redis-a", ["--redis-url", redis_url]),
         "gateway (header_case = lower)": gateway(upstream.port, lower_data,
@@ -749,6 +756,7 @@ def part_instr(upstream, results):
         "nginx": (lambda wrap: nginx_proxy(upstream, wrap=wrap), http1(key)),
         "haproxy": (lambda wrap: haproxy_proxy(upstream, wrap=wrap), http1(key)),
         "pingora pass-through": (lambda wrap: passthrough(upstream, wrap=wrap), http1(key)),
+        KEPT_PASS: (lambda wrap: passthrough(upstream, wrap=wrap, kept=True), http1(key)),
         "gateway (embedded)": (lambda wrap: gateway(upstream.port, data, wrap=wrap), http1(key)),
         "gateway (header_case = lower)": (lambda wrap: gateway(
             upstream.port, data, config=bench_config('header_case = "lower"'), wrap=wrap), http1(key)),
@@ -841,6 +849,12 @@ def report(results):
         lines += ["", f"Redis store / embedded store throughput: **{med['gateway (redis)'] / med['gateway (embedded)']:.2f}x**; "
                   f"two gateways on one Redis (both on CPU 0, wrk -c{CONN // 2} each): "
                   f"{med['2 gateways (redis)']:,.0f} req/s together.", ""]
+        kept_cpu, gw_cpu = (statistics.median(r["cpu_us"] for r in rows[n])
+                            for n in (KEPT_PASS, "gateway (embedded)"))
+        lines += [f"The gateway keeps idle upstream connections per thread ({KEPT_PASS} does the same): "
+                  f"against that pass-through, **{med['gateway (embedded)'] / med[KEPT_PASS]:.2f}x** in "
+                  f"throughput and {kept_cpu / gw_cpu:.2f}x in CPU time per request: what the gateway's "
+                  f"features cost, {gw_cpu - kept_cpu:.1f} µs a request.", ""]
         floor, gw = (results["floor_pairs"][n] for n in FLOOR_PAIR)
         by_rps = [g["rps"] / f["rps"] for f, g in zip(floor, gw)]
         by_cpu = [f["cpu_us"] / g["cpu_us"] for f, g in zip(floor, gw)]
