@@ -8,7 +8,8 @@ alternating order; values are medians with the spread (min-max) of the rounds.
 
 Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis,instr):
   get      closed loop (wrk -t1 -c64): upstream direct, nginx limit_req, HAProxy stick table,
-           bare pingora pass-through, the gateway (embedded store, Redis store, two gateways on
+           bare pingora pass-through (and again with upstream connections kept per thread, as
+           the gateway keeps them), the gateway (embedded store, Redis store, two gateways on
            one Redis); req/s, p99, proxy CPU time per request and how much of it is the
            kernel's; then the pass-through and the gateway alone, PAIR_ROUNDS more times each in
            alternating pairs, for the 0.9x target
@@ -25,12 +26,12 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis,instr):
   redis    two gateways on one Redis under load: admitted requests against the key's limit
   instr    user-space instructions per request under valgrind's callgrind, which counts the same
            for the same binary and load, within about 2%, however busy the machine is: nginx,
-           HAProxy, the bare pass-through and the gateway (embedded store, lowercase, Redis
-           store, whose server's own work is not counted; with where the gateway's own phases
-           spend theirs), each
-           the difference of two runs of INSTR_N and 3 x INSTR_N requests (oha -n, 8 connections),
-           so start-up and shutdown cancel out; and the gateway and nginx over HTTP/2 with TLS
-           (h2load -n, 8 connections, one stream each)
+           HAProxy, the bare pass-through (both ways) and the gateway (embedded store,
+           lowercase, Redis store, whose server's own work is not counted; with where the
+           gateway's own phases spend theirs), each the difference of two runs of INSTR_N and
+           3 x INSTR_N requests (oha -n, 8 connections), so start-up and shutdown cancel out;
+           and the gateway and nginx over HTTP/2 with TLS (h2load -n, 8 connections, one stream
+           each)
 """
 
 import asyncio
