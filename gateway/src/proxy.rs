@@ -66,9 +66,10 @@ use crate::settings::Settings;
 use crate::store::LimitStore;
 use crate::unix_ms;
 
-/// Pooled upstream connections are dropped after this long idle, well before a typical
-/// upstream's own keep-alive timeout, so the gateway never writes into a connection the
-/// upstream has just closed.
+/// Idle upstream connections (kept by each thread: `vendor/README.md`, pingora-proxy) are
+/// closed after this long, counted from the start of the request that last used them, well
+/// before a typical upstream's own keep-alive timeout, so the gateway never writes into a
+/// connection the upstream has just closed.
 const UPSTREAM_IDLE: Duration = Duration::from_secs(30);
 
 /// After answering before the request body was read, the gateway reads and discards the rest of

@@ -198,9 +198,9 @@ where
     process_custom_session: Option<ProcessCustomSession<SV, C>>,
     /// Animal Store's patch: with `Some(most)`, idle HTTP/1 connections to upstreams that offer
     /// only HTTP/1 are kept by the thread that used them, at most `most` of them a thread, in
-    /// place of the connection pool (see `kept.rs`). Only for a proxy whose threads each run
-    /// their own runtime (`ServerConf::work_stealing` off): a connection released on one thread
-    /// is only ever taken on that thread. `None` (the default) leaves them to the pool.
+    /// place of the connection pool (see `kept.rs`). Meant for a proxy whose threads each run a
+    /// runtime of their own (`ServerConf::work_stealing` off): each thread's once-a-second sweep
+    /// of what it keeps then runs on that thread. `None` (the default) leaves them to the pool.
     pub kept_upstreams: Option<usize>,
 }
 
@@ -431,8 +431,8 @@ where
                 peer.get_peer_options()
                     .is_none_or(|o| o.alpn.get_max_http_version() == 1)
             })
-            .map(|most| (most, std::time::Instant::now()));
-        let client_session = match kept.and_then(|(_, now)| kept::take(peer.reuse_hash(), now)) {
+            .map(|most| (most, std::time::Instant::now(), peer.reuse_hash()));
+        let client_session = match kept.and_then(|(_, now, hash)| kept::take(hash, now)) {
             Some(stream) => Ok((
                 ClientSession::H1(HttpSessionV1::new_with_options(stream, &*peer)),
                 true,
@@ -448,11 +448,10 @@ where
                             .await;
                         // Animal Store's patch: kept by this thread, as `Connector`'s
                         // `release_http_session` releases it to the pool.
-                        if let (true, Some((most, since))) = (client_reuse, kept) {
+                        if let (true, Some((most, since, hash))) = (client_reuse, kept) {
                             h1.respect_keepalive();
                             if let Some(stream) = h1.reuse().await {
-                                let idle = peer.idle_timeout();
-                                kept::keep(peer.reuse_hash(), stream, since, idle, most);
+                                kept::keep(hash, stream, since, peer.idle_timeout(), most);
                             }
                         } else if client_reuse {
                             let session = ClientSession::H1(h1);
