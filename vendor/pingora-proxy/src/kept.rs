@@ -15,15 +15,14 @@
 //! thread serves as well without any of it: a released connection is pushed, and the next request
 //! to its peer takes the one pushed last, the one most likely still warm and open.
 //!
-//! No task watches each kept connection while it waits. Each is checked as it is taken, as the
-//! pool checks: one that has anything to read (the peer closed it, or sent bytes unasked) is
-//! closed instead. The stack's oldest connections, at its bottom, are closed when a request of the
-//! thread finds them past their peer's idle timeout (`idle_timeout`); pushing more than the most a
-//! thread keeps closes the oldest. And once a second one task of the thread (spawned with its
-//! first kept connection) looks over them all and closes those past their idle timeout and those
-//! with anything to read: when requests stop, a connection the upstream closes is closed here
-//! within a second (the pool's watcher closed it at once), and none outlives its idle timeout by
-//! more than that.
+//! No task watches each kept connection while it waits. One rule says whether a kept connection
+//! may still be used (`Kept::usable`): it is within its peer's idle timeout (`idle_timeout`), and
+//! has nothing to read (the peer has not closed it, nor sent bytes unasked: the pool's own
+//! check). A request applies it to the connection it takes, and closes one that fails it instead;
+//! once a second one task of the thread (spawned with its first kept connection) applies it to
+//! them all: when requests stop, a connection the upstream closes is closed here within a second
+//! (the pool's watcher closed it at once), and none outlives its idle timeout by more than that.
+//! Pushing more than the most a thread keeps closes the oldest.
 //!
 //! Only HTTP/1 connections to peers that offer no other protocol are kept here; HTTP/2 and custom
 //! protocols multiplex or pool their own way, and keep going through pingora's pool.
@@ -53,21 +52,23 @@ thread_local! {
     static SWEEPING: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The idle connection to `peer` (a reuse hash) this thread kept last that is still open and
-/// silent, if any; those it passes over on the way, and those idle too long by `now`, are closed.
+impl Kept {
+    /// Whether the connection may still be used at `now`: within its idle timeout, and with
+    /// nothing to read ([`idle_and_open`]). Taking and sweeping close what is not.
+    fn usable(&mut self, now: Instant) -> bool {
+        self.until.is_none_or(|until| until > now) && idle_and_open(&mut self.stream)
+    }
+}
+
+/// The idle connection to `peer` (a reuse hash) this thread kept last that is still usable at
+/// `now`, if any; those of the peer it passes over on the way are closed.
 pub(crate) fn take(peer: u64, now: Instant) -> Option<Stream> {
     KEPT.with(|kept| {
         let mut kept = kept.borrow_mut();
-        while kept
-            .front()
-            .is_some_and(|k| k.until.is_some_and(|u| u <= now))
-        {
-            kept.pop_front();
-        }
         while let Some(i) = kept.iter().rposition(|k| k.peer == peer) {
-            let mut stream = kept.remove(i)?.stream;
-            if idle_and_open(&mut stream) {
-                return Some(stream);
+            let mut candidate = kept.remove(i)?;
+            if candidate.usable(now) {
+                return Some(candidate.stream);
             }
         }
         None
@@ -120,11 +121,7 @@ async fn sweep() {
     loop {
         every.tick().await;
         let now = Instant::now();
-        KEPT.with(|kept| {
-            kept.borrow_mut().retain_mut(|k| {
-                k.until.is_none_or(|until| until > now) && idle_and_open(&mut k.stream)
-            })
-        });
+        KEPT.with(|kept| kept.borrow_mut().retain_mut(|k| k.usable(now)));
     }
 }
 
@@ -232,12 +229,12 @@ mod tests {
         let (fresh, _fresh) = pair(&listener).await;
         let fresh_id = id(&fresh);
         put(4, fresh, Some(Duration::from_secs(60)), 8);
-        // A request to another peer passes by: the expired connection is closed...
         assert!(taken(5).is_none());
+        // A request to its peer does not take the expired connection, and closes it...
+        assert!(taken(3).is_none());
         let mut byte = [0; 1];
         let read = tokio::time::timeout(Duration::from_secs(5), theirs_old.read(&mut byte));
         assert_eq!(read.await.unwrap().unwrap(), 0, "the peer sees the close");
-        assert!(taken(3).is_none());
         // ... and the fresh one stays.
         assert_eq!(taken(4), Some(fresh_id));
     }
