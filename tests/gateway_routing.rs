@@ -1608,6 +1608,11 @@ async fn idle_upstream_connections_are_kept_for_later_requests_of_any_client() {
         1,
         "every request on the one kept connection"
     );
+    let opened = format!(
+        "gateway_upstream_connections_total{{instance=\"{}\",route=\"/v1/store/orders\"}}",
+        orders.addr
+    );
+    assert_eq!(metric(stack.admin, &opened), Some(1.0), "{opened}");
 }
 
 /// A kept upstream connection that the upstream closes while it is idle is not sent the next
@@ -1649,6 +1654,14 @@ async fn a_kept_upstream_connection_the_upstream_closed_is_not_used() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(heads.try_recv().is_err(), "no request was sent twice");
+    let opened = format!(
+        "gateway_upstream_connections_total{{instance=\"{upstream}\",route=\"/v1/store\"}}"
+    );
+    assert_eq!(
+        metric(stack.admin, &opened),
+        Some(4.0),
+        "{opened}: a connection of its own for each request"
+    );
 }
 
 /// An upstream whose response breaks off before its end: if none of it has reached the client

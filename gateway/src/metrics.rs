@@ -229,6 +229,22 @@ pub static UPSTREAM_RETRIES: Lazy<IntCounterVec> = Lazy::new(|| {
     )
 });
 
+/// Connections the gateway opened to upstream instances, by route and instance. A request that
+/// reused an idle connection does not count: against `gateway_responses_total`, it shows how
+/// well upstream connections are reused.
+pub static UPSTREAM_CONNECTIONS: Lazy<IntCounterVec> = Lazy::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "gateway_upstream_connections_total",
+                "Connections opened to upstream instances (not counting reused ones), by route and instance",
+            ),
+            &["route", "instance"],
+        )
+        .expect("valid metric"),
+    )
+});
+
 /// Whether each upstream instance of a pool is in the rotation, by route and instance.
 pub static UPSTREAM_HEALTHY: Lazy<IntGaugeVec> = Lazy::new(|| {
     register(

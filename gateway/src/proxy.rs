@@ -16,6 +16,7 @@
 //!                         past sunset (410) → declared body too large (413)
 //! request_body_filter     streamed body too large (413)
 //! upstream_peer           the route's instance (a pool's next healthy one), with timeouts
+//! connected_to_upstream   a new upstream connection (not a reused one) counted
 //! fail_to_connect         a pool instance refused the connection → retried once elsewhere
 //! error_while_proxy       a new connection closed unanswered → idempotent requests likewise;
 //!                         a head that met a reset → any request (nothing was sent)
@@ -42,6 +43,7 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
+use pingora::protocols::Digest;
 use pingora::protocols::http::v1::common::is_expect_continue_req;
 use pingora::{Error, ErrorSource, ErrorType, Result, RetryType};
 use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
@@ -371,6 +373,25 @@ impl ProxyHttp for Gateway {
         peer.options.write_timeout = Some(route.timeout);
         peer.options.idle_timeout = Some(UPSTREAM_IDLE);
         Ok(Box::new(peer))
+    }
+
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        reused: bool,
+        _peer: &HttpPeer,
+        _fd: std::os::unix::io::RawFd,
+        _digest: Option<&Digest>,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if !reused {
+            let route = ctx.route.as_ref().map_or("none", |r| r.prefix.as_str());
+            let instance = ctx.instance.map(|i| i.to_string()).unwrap_or_default();
+            metrics::UPSTREAM_CONNECTIONS
+                .with_label_values(&[route, &instance])
+                .inc();
+        }
+        Ok(())
     }
 
     fn fail_to_connect(
