@@ -12,8 +12,9 @@ use clap::Parser;
 
 use cli::{Cli, Command};
 
+/// mimalloc (`allocator/` says why through a crate of our own).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: animal_store_allocator::MiMalloc = animal_store_allocator::MiMalloc;
 
 /// mimalloc's `purge_delay` option (its position in `mi_option_t`, which the sys crate does not
 /// name).
