@@ -32,6 +32,29 @@ fn plain_suffices(size: usize, align: usize) -> bool {
     align <= 8 || (align <= 16 && size >= 16)
 }
 
+/// `layout`'s block from mimalloc's `plain` call where it gives the alignment, else from its
+/// `aligned` one.
+///
+/// # Safety
+/// `plain` and `aligned` must be a pair of mimalloc's allocation calls (`mi_malloc` and
+/// `mi_malloc_aligned`, or `mi_zalloc` and `mi_zalloc_aligned`).
+#[allow(unsafe_code)]
+#[inline(always)]
+unsafe fn allocate(
+    layout: Layout,
+    plain: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    // SAFETY: the caller's: mimalloc's allocation calls have no preconditions.
+    unsafe {
+        if plain_suffices(layout.size(), layout.align()) {
+            plain(layout.size()).cast()
+        } else {
+            aligned(layout.size(), layout.align()).cast()
+        }
+    }
+}
+
 // SAFETY: every call is one of mimalloc's, which returns memory of at least `size` bytes aligned
 // as asked (the aligned calls by contract; the plain ones where `plain_suffices`, see above), or
 // null; `mi_free` takes a pointer from any of them.
@@ -41,11 +64,11 @@ unsafe impl GlobalAlloc for MiMalloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: mimalloc's allocation calls have no preconditions.
         unsafe {
-            if plain_suffices(layout.size(), layout.align()) {
-                libmimalloc_sys::mi_malloc(layout.size()).cast()
-            } else {
-                libmimalloc_sys::mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
+            allocate(
+                layout,
+                libmimalloc_sys::mi_malloc,
+                libmimalloc_sys::mi_malloc_aligned,
+            )
         }
     }
 
@@ -53,11 +76,11 @@ unsafe impl GlobalAlloc for MiMalloc {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as in `alloc`.
         unsafe {
-            if plain_suffices(layout.size(), layout.align()) {
-                libmimalloc_sys::mi_zalloc(layout.size()).cast()
-            } else {
-                libmimalloc_sys::mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
+            allocate(
+                layout,
+                libmimalloc_sys::mi_zalloc,
+                libmimalloc_sys::mi_zalloc_aligned,
+            )
         }
     }
 
