@@ -6,15 +6,16 @@
 //! In mimalloc 3, when that call's fast path finds no free block at hand (every block larger than
 //! 1 KiB, and a small one whenever its page's free list runs out), it takes the plain path only
 //! for block sizes that are powers of two; anything else, a 1,248-byte header map of alignment 8
-//! say, is over-allocated by the alignment and its page marked as holding aligned blocks, which
-//! makes frees from it slower too. In the gateway that was 15 of the about 70 allocations of a
-//! proxied GET. With the plain calls: 2,788 fewer instructions a GET (72,980 against 75,768,
-//! callgrind, 3.7%), as `bench/results.md` reports. The `mimalloc` crate has the same change
+//! say, goes through a slower path that allocates its size plus the alignment. In the bench's
+//! pass-through that was 15 of the 70 or so
+//! allocations of a proxied GET. With the plain calls the gateway makes 72,909 instructions a GET
+//! against 75,848 (callgrind, 3.9%), as `bench/history.md` reports (the run of 01:21 on
+//! 2026-11-28 against that of 21:50 the day before). The `mimalloc` crate has the same change
 //! proposed (purpleprotocol/mimalloc_rust pull request 170).
 //!
 //! When is a plain block aligned enough? mimalloc's block sizes are multiples of 8, every page's
 //! first block is aligned to 16 at least, and a block of 16 bytes or more is aligned to 16
-//! (mimalloc asserts so in `_mi_page_malloc_zero`). So a plain block serves any alignment up to
+//! (mimalloc asserts so in `mi_page_malloc_zero`, `alloc.c`). So a plain block serves any alignment up to
 //! 8, and an alignment of 16 for 16 bytes or more; the aligned calls serve the rest. This holds
 //! without mimalloc's padding (its `secure` and `debug` builds), which the workspace does not
 //! enable.
