@@ -232,6 +232,14 @@ impl Ctx {
             started: Instant::now(),
         }
     }
+
+    /// The `route` and `instance` labels of the upstream metrics: the route's prefix (`none`
+    /// before one is chosen) and the instance tried last (empty before one is).
+    fn upstream_labels(&self) -> (&str, String) {
+        let route = self.route.as_ref().map_or("none", |r| r.prefix.as_str());
+        let instance = self.instance.map(|i| i.to_string()).unwrap_or_default();
+        (route, instance)
+    }
 }
 
 /// The outcome of a request whose client went away before its response was complete, in
@@ -385,8 +393,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
     ) -> Result<()> {
         if !reused {
-            let route = ctx.route.as_ref().map_or("none", |r| r.prefix.as_str());
-            let instance = ctx.instance.map(|i| i.to_string()).unwrap_or_default();
+            let (route, instance) = ctx.upstream_labels();
             metrics::UPSTREAM_CONNECTIONS
                 .with_label_values(&[route, &instance])
                 .inc();
@@ -604,8 +611,7 @@ impl ProxyHttp for Gateway {
         if context != ProxyWarnLogContext::UpstreamRetry {
             return false;
         }
-        let route = ctx.route.as_ref().map_or("none", |r| r.prefix.as_str());
-        let instance = ctx.instance.map(|i| i.to_string()).unwrap_or_default();
+        let (route, instance) = ctx.upstream_labels();
         metrics::UPSTREAM_RETRIES
             .with_label_values(&[route, &instance, error.etype().as_str()])
             .inc();
