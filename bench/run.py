@@ -66,6 +66,10 @@ TARGET_PAIR = ("nginx", "gateway (embedded)")
 # More closed-loop runs of the pass-through and the gateway alone, for the reading of the target
 # nearest its edge: the gateway at 0.9x the pass-through (see `part_get`).
 PAIR_ROUNDS = int(os.environ.get("PAIR_ROUNDS", "12"))
+# Stop after the closed-loop rounds, writing nothing, when any contender's rounds spread by this
+# fraction of its median throughput or more (MAX_SPREAD=0.10: the rule a run of record must meet).
+# Unset, the run always goes on: its spread is reported either way.
+MAX_SPREAD = float(os.environ["MAX_SPREAD"]) if os.environ.get("MAX_SPREAD") else None
 FLOOR_PAIR = ("pingora pass-through", "gateway (embedded)")
 # The pass-through with idle upstream connections kept per thread, as the gateway keeps them: the
 # gateway against it is what the gateway's features cost.
@@ -202,6 +206,12 @@ def oha(url, rate, key, dur=DUR):
 
 def median_spread(values):
     return statistics.median(values), min(values), max(values)
+
+
+def round_spreads(rows):
+    """Each contender's closed-loop rounds: their range as a fraction of their median req/s."""
+    return {n: (max(r["rps"] for r in v) - min(r["rps"] for r in v)) / statistics.median(r["rps"] for r in v)
+            for n, v in rows.items()}
 
 
 # ---------------------------------------------------------------- contenders
@@ -379,6 +389,12 @@ def part_get(upstream, results):
             rows[name].append(r)
             log(f"  round {rnd + 1} {name}: {r['rps']:.0f} req/s, p99 {r['p99']:.2f} ms"
                 + (f", {r['cpu_us']:.1f} us CPU/request" if r.get("cpu_us") else ""))
+    if MAX_SPREAD is not None:
+        spread = round_spreads(rows)
+        widest = max(spread, key=spread.get)
+        if spread[widest] >= MAX_SPREAD:
+            sys.exit(f"too noisy to go on: {widest}'s rounds spread by {spread[widest]:.1%} of its median "
+                     f"(MAX_SPREAD={MAX_SPREAD:g}); nothing written")
     # Rounds of eight contenders spread the two of the pass-through target over minutes, in which
     # the shared machine's speed drifts; pairs run back to back compare them under the same load.
     pairs = {name: list(rows[name]) for name in FLOOR_PAIR}
@@ -827,7 +843,7 @@ def report(results):
              "one CPU, and no work stealing, as the gateway ships); the load generator, the upstream (nginx returning a one-pet JSON array, keep-alive) "
              "and Redis on CPU 1. Access logs off. Every round runs every contender after a 1 s warm-up, in "
              "alternating order; values are medians with the rounds' range in brackets. Reproduce with "
-             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS, INSTR_N, TARGET_ROUNDS, PAIR_ROUNDS).", ""]
+             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS, INSTR_N, TARGET_ROUNDS, PAIR_ROUNDS, MAX_SPREAD).", ""]
     if "get" in results:
         rows = results["get"]
         med = {n: statistics.median(r["rps"] for r in v) for n, v in rows.items()}
@@ -869,7 +885,7 @@ def report(results):
                   f"{', '.join(f'{x:.2f}x' for x in by_rps)} (median {statistics.median(by_rps):.2f}x); "
                   f"CPU: {', '.join(f'{x:.2f}x' for x in by_cpu)} (median {statistics.median(by_cpu):.2f}x).", ""]
         # Inside a VM another tenant's load is invisible except as spread between rounds.
-        spread = {n: (max(r["rps"] for r in v) - min(r["rps"] for r in v)) / med[n] for n, v in rows.items()}
+        spread = round_spreads(rows)
         widest = max(spread, key=spread.get)
         also = "" if widest == "nginx" else f"; nginx {spread['nginx']:.1%}"
         lines += [f"How quiet the machine was: each contender's rounds spread by at most "
