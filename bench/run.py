@@ -393,7 +393,7 @@ def part_get(upstream, results):
         spread = round_spreads(rows)
         widest = max(spread, key=spread.get)
         if spread[widest] >= MAX_SPREAD:
-            sys.exit(f"too noisy to go on: {widest}'s rounds spread by {spread[widest]:.1%} of its median "
+            sys.exit(f"too noisy to go on: the rounds of {widest} spread by {spread[widest]:.1%} of their median "
                      f"(MAX_SPREAD={MAX_SPREAD:g}); nothing written")
     # Rounds of eight contenders spread the two of the pass-through target over minutes, in which
     # the shared machine's speed drifts; pairs run back to back compare them under the same load.
