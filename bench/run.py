@@ -66,14 +66,17 @@ TARGET_PAIR = ("nginx", "gateway (embedded)")
 # More closed-loop runs of the pass-through and the gateway alone, for the reading of the target
 # nearest its edge: the gateway at 0.9x the pass-through (see `part_get`).
 PAIR_ROUNDS = int(os.environ.get("PAIR_ROUNDS", "12"))
-# Stop after the closed-loop rounds, writing nothing, when any contender's rounds spread by this
-# fraction of its median throughput or more (MAX_SPREAD=0.10: the rule a run of record must meet).
-# Unset, the run always goes on: its spread is reported either way.
-MAX_SPREAD = float(os.environ["MAX_SPREAD"]) if os.environ.get("MAX_SPREAD") else None
 FLOOR_PAIR = ("pingora pass-through", "gateway (embedded)")
 # The pass-through with idle upstream connections kept per thread, as the gateway keeps them: the
 # gateway against it is what the gateway's features cost.
 KEPT_PASS = "pass-through, kept upstreams"
+# Stop after the closed-loop rounds, writing nothing, when any contender's rounds spread by this
+# fraction of its median throughput or more (MAX_SPREAD=0.10: the rule a run of record must meet).
+# Unset, the run always goes on: its spread is reported either way.
+try:
+    MAX_SPREAD = float(os.environ["MAX_SPREAD"]) if os.environ.get("MAX_SPREAD") else None
+except ValueError:
+    sys.exit(f"MAX_SPREAD must be a fraction such as 0.10, not {os.environ['MAX_SPREAD']!r}")
 BIN = ROOT / "target/release/animal-store"
 PASS = ROOT / "target/release/passthrough"
 WORK = Path(tempfile.mkdtemp(prefix="animal-bench-"))
