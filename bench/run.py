@@ -213,8 +213,11 @@ def median_spread(values):
 
 def round_spreads(rows):
     """Each contender's closed-loop rounds: their range as a fraction of their median req/s."""
-    return {n: (max(r["rps"] for r in v) - min(r["rps"] for r in v)) / statistics.median(r["rps"] for r in v)
-            for n, v in rows.items()}
+    spreads = {}
+    for name, runs in rows.items():
+        median, lo, hi = median_spread([r["rps"] for r in runs])
+        spreads[name] = (hi - lo) / median
+    return spreads
 
 
 # ---------------------------------------------------------------- contenders
