@@ -37,6 +37,7 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis,instr):
 import asyncio
 import concurrent.futures
 import json
+import math
 import os
 import re
 import resource
@@ -70,16 +71,13 @@ FLOOR_PAIR = ("pingora pass-through", "gateway (embedded)")
 # The pass-through with idle upstream connections kept per thread, as the gateway keeps them: the
 # gateway against it is what the gateway's features cost.
 KEPT_PASS = "pass-through, kept upstreams"
-# Stop after the closed-loop rounds, writing nothing, when any contender's rounds spread by this
-# fraction of its median throughput or more (MAX_SPREAD=0.10: the rule a run of record must meet).
-# Unset, the run always goes on: its spread is reported either way.
-try:
-    MAX_SPREAD = float(os.environ["MAX_SPREAD"]) if os.environ.get("MAX_SPREAD") else None
-except ValueError:
-    sys.exit(f"MAX_SPREAD must be a fraction such as 0.10, not {os.environ['MAX_SPREAD']!r}")
+# MAX_SPREAD: see `parse_max_spread` and `too_noisy`; read by `main`.
+MAX_SPREAD = None
 BIN = ROOT / "target/release/animal-store"
 PASS = ROOT / "target/release/passthrough"
-WORK = Path(tempfile.mkdtemp(prefix="animal-bench-"))
+# The run's temporary directory, made by `main` (importing this module, as bench/test_run.py
+# does, makes nothing).
+WORK = None
 PROCS = []
 BODY = '[{"id":1,"name":"Rex","categoryId":1,"status":"available"}]'
 
@@ -218,6 +216,35 @@ def round_spreads(rows):
         median, lo, hi = median_spread([r["rps"] for r in runs])
         spreads[name] = (hi - lo) / median
     return spreads
+
+
+def parse_max_spread(value):
+    """MAX_SPREAD's value: None when unset or empty (the run always goes on), else a fraction
+    above 0 such as 0.10; anything else is refused with a message saying so."""
+    if not value:
+        return None
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = math.nan
+    if not (math.isfinite(fraction) and fraction > 0):
+        raise ValueError(f"MAX_SPREAD must be a fraction above 0 such as 0.10, not {value!r}")
+    return fraction
+
+
+def too_noisy(rows, max_spread):
+    """Whether a run stops after its closed-loop rounds, writing nothing: the message saying why
+    when any contender's rounds spread by `max_spread` of their median req/s or more
+    (MAX_SPREAD=0.10 is the rule a run of record must meet), else None. Without a `max_spread`
+    the run always goes on; its spread is reported either way."""
+    if max_spread is None:
+        return None
+    spread = round_spreads(rows)
+    widest = max(spread, key=spread.get)
+    if spread[widest] < max_spread:
+        return None
+    return (f"too noisy to go on: the rounds of {widest} spread by {spread[widest]:.1%} of their "
+            f"median (MAX_SPREAD={max_spread:g}); nothing written")
 
 
 # ---------------------------------------------------------------- contenders
@@ -395,12 +422,9 @@ def part_get(upstream, results):
             rows[name].append(r)
             log(f"  round {rnd + 1} {name}: {r['rps']:.0f} req/s, p99 {r['p99']:.2f} ms"
                 + (f", {r['cpu_us']:.1f} us CPU/request" if r.get("cpu_us") else ""))
-    if MAX_SPREAD is not None:
-        spread = round_spreads(rows)
-        widest = max(spread, key=spread.get)
-        if spread[widest] >= MAX_SPREAD:
-            sys.exit(f"too noisy to go on: the rounds of {widest} spread by {spread[widest]:.1%} of their median "
-                     f"(MAX_SPREAD={MAX_SPREAD:g}); nothing written")
+    stop_message = too_noisy(rows, MAX_SPREAD)
+    if stop_message:
+        sys.exit(stop_message)
     # Rounds of eight contenders spread the two of the pass-through target over minutes, in which
     # the shared machine's speed drifts; pairs run back to back compare them under the same load.
     pairs = {name: list(rows[name]) for name in FLOOR_PAIR}
@@ -995,6 +1019,11 @@ def report(results):
 
 
 def main():
+    global MAX_SPREAD, WORK
+    try:
+        MAX_SPREAD = parse_max_spread(os.environ.get("MAX_SPREAD"))
+    except ValueError as e:
+        sys.exit(str(e))
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if hard < IDLE + 1000:
@@ -1003,6 +1032,7 @@ def main():
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is needed: see bench/README.md for how to install the benchmark's tools")
     results = {}
+    WORK = Path(tempfile.mkdtemp(prefix="animal-bench-"))
     try:
         upstream = Upstream()
         if any(p in PARTS for p in ("get", "open", "idle")):

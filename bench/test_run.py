@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Unit tests of bench/run.py's decisions that need no load: whether a noisy run stops
+(MAX_SPREAD) and how the spread of rounds is reckoned. `cargo test` runs them
+(tests/bench_script.rs); by hand, `python3 -m unittest discover -s bench`. The benchmark itself
+is not run by the tests."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Imported with a temporary directory of its own, so that anything the import makes there is
+# seen, and nothing another process makes in the shared one is mistaken for it.
+IMPORT_TMP = tempfile.mkdtemp(prefix="bench-test-")
+tempfile.tempdir = IMPORT_TMP
+try:
+    import run  # noqa: E402
+finally:
+    tempfile.tempdir = None
+MADE_BY_IMPORT = os.listdir(IMPORT_TMP)
+if not MADE_BY_IMPORT:
+    os.rmdir(IMPORT_TMP)
+
+
+def rounds(*rps):
+    return [{"rps": r} for r in rps]
+
+
+class ParseMaxSpread(unittest.TestCase):
+    def test_unset_or_empty_never_stops(self):
+        self.assertIsNone(run.parse_max_spread(None))
+        self.assertIsNone(run.parse_max_spread(""))
+
+    def test_a_fraction_is_read(self):
+        self.assertEqual(run.parse_max_spread("0.10"), 0.10)
+        self.assertEqual(run.parse_max_spread("1"), 1.0)
+
+    def test_anything_else_is_refused_naming_the_value(self):
+        for value in ("ten", "10%", "0", "-0.1", "nan", "inf"):
+            with self.subTest(value=value):
+                with self.assertRaises(ValueError) as caught:
+                    run.parse_max_spread(value)
+                self.assertIn(repr(value), str(caught.exception))
+                self.assertIn("such as 0.10", str(caught.exception))
+
+
+class RoundSpreads(unittest.TestCase):
+    def test_range_over_median(self):
+        spreads = run.round_spreads({"a": rounds(90, 100, 110), "b": rounds(50, 50, 50)})
+        self.assertAlmostEqual(spreads["a"], 0.20)
+        self.assertEqual(spreads["b"], 0.0)
+
+    def test_median_of_an_even_count_is_the_mean_of_the_middle_two(self):
+        spreads = run.round_spreads({"a": rounds(100, 90, 110, 100)})
+        self.assertAlmostEqual(spreads["a"], 0.20)
+        spreads = run.round_spreads({"a": rounds(80, 100, 120, 140)})
+        self.assertAlmostEqual(spreads["a"], 60 / 110)
+
+
+class TooNoisy(unittest.TestCase):
+    ROWS = {
+        "nginx": rounds(62_000, 60_000, 64_000),      # 6.5% of 62,000
+        "gateway (embedded)": rounds(40_000, 44_000, 36_000),  # 20% of 40,000
+        "direct": rounds(140_000, 141_000, 142_000),  # 1.4%
+    }
+
+    def test_without_max_spread_the_run_goes_on(self):
+        self.assertIsNone(run.too_noisy(self.ROWS, None))
+
+    def test_stops_naming_the_widest_contender_and_its_spread(self):
+        message = run.too_noisy(self.ROWS, 0.10)
+        self.assertEqual(
+            message,
+            "too noisy to go on: the rounds of gateway (embedded) spread by 20.0% of their median "
+            "(MAX_SPREAD=0.1); nothing written")
+
+    def test_goes_on_when_every_contender_is_within(self):
+        self.assertIsNone(run.too_noisy(self.ROWS, 0.25))
+
+    def test_a_spread_equal_to_max_spread_stops(self):
+        rows = {"a": rounds(95, 100, 105)}  # exactly 10% of 100
+        self.assertIsNotNone(run.too_noisy(rows, 0.10))
+        self.assertIsNone(run.too_noisy(rows, 0.1000001))
+
+    def test_the_widest_is_found_whatever_its_place(self):
+        rows = {"quiet": rounds(100, 100, 100), "noisy": rounds(50, 100, 150)}
+        self.assertIn("the rounds of noisy spread by 100.0%", run.too_noisy(rows, 0.10))
+        rows = dict(reversed(list(rows.items())))
+        self.assertIn("the rounds of noisy spread by 100.0%", run.too_noisy(rows, 0.10))
+
+
+class Main(unittest.TestCase):
+    def test_a_bad_max_spread_stops_the_run_before_it_starts_anything(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = subprocess.run([sys.executable, str(Path(run.__file__))],
+                                 env={**os.environ, "MAX_SPREAD": "ten", "TMPDIR": tmp},
+                                 capture_output=True, text=True, timeout=60)
+            self.assertEqual(out.returncode, 1)
+            self.assertEqual(out.stderr.strip(),
+                             "MAX_SPREAD must be a fraction above 0 such as 0.10, not 'ten'")
+            self.assertEqual(out.stdout, "")
+            self.assertEqual(os.listdir(tmp), [])
+
+
+class Import(unittest.TestCase):
+    def test_importing_makes_no_temporary_directory(self):
+        self.assertEqual(MADE_BY_IMPORT, [], f"left in {IMPORT_TMP}")
+        self.assertIsNone(run.WORK)
+
+
+if __name__ == "__main__":
+    unittest.main()
