@@ -71,7 +71,7 @@ FLOOR_PAIR = ("pingora pass-through", "gateway (embedded)")
 # The pass-through with idle upstream connections kept per thread, as the gateway keeps them: the
 # gateway against it is what the gateway's features cost.
 KEPT_PASS = "pass-through, kept upstreams"
-# MAX_SPREAD: see `parse_max_spread` and `too_noisy`; read by `main`.
+# MAX_SPREAD: see `parse_max_spread`, `too_noisy` and `bound_to_be_too_noisy`; read by `main`.
 MAX_SPREAD = None
 BIN = ROOT / "target/release/animal-store"
 PASS = ROOT / "target/release/passthrough"
@@ -245,6 +245,29 @@ def too_noisy(rows, max_spread):
         return None
     return (f"too noisy to go on: the rounds of {widest} spread by {spread[widest]:.1%} of their "
             f"median (MAX_SPREAD={max_spread:g}); nothing written")
+
+
+def bound_to_be_too_noisy(rows, max_spread):
+    """Whether the rounds so far already make `too_noisy`'s stop certain, so the run can stop
+    before its last round: the message saying why, else None. However the rounds end, the median
+    of a contender's rounds is at most the fastest of them, and adding rounds can only raise the
+    fastest and lower the slowest, so its final spread of the median is at least (fastest -
+    slowest) / fastest of its rounds so far. Without a `max_spread` the run always goes on."""
+    if max_spread is None:
+        return None
+    bound = {}
+    for name, runs in rows.items():
+        if runs:
+            _, slowest, fastest = median_spread([r["rps"] for r in runs])
+            bound[name] = (fastest - slowest) / fastest
+    if not bound:
+        return None
+    widest = max(bound, key=bound.get)
+    if bound[widest] < max_spread:
+        return None
+    return (f"too noisy to go on: the rounds of {widest} already spread by {bound[widest]:.1%} "
+            f"of their fastest, so their spread of the median cannot end below "
+            f"MAX_SPREAD={max_spread:g}; nothing written")
 
 
 # ---------------------------------------------------------------- contenders
@@ -422,6 +445,9 @@ def part_get(upstream, results):
             rows[name].append(r)
             log(f"  round {rnd + 1} {name}: {r['rps']:.0f} req/s, p99 {r['p99']:.2f} ms"
                 + (f", {r['cpu_us']:.1f} us CPU/request" if r.get("cpu_us") else ""))
+            stop_message = bound_to_be_too_noisy(rows, MAX_SPREAD)
+            if stop_message:
+                sys.exit(stop_message)
     stop_message = too_noisy(rows, MAX_SPREAD)
     if stop_message:
         sys.exit(stop_message)

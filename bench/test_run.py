@@ -92,6 +92,48 @@ class TooNoisy(unittest.TestCase):
         self.assertIn("the rounds of noisy spread by 100.0%", run.too_noisy(rows, 0.10))
 
 
+class BoundToBeTooNoisy(unittest.TestCase):
+    def test_without_max_spread_or_rounds_the_run_goes_on(self):
+        self.assertIsNone(run.bound_to_be_too_noisy({"a": rounds(50, 100)}, None))
+        self.assertIsNone(run.bound_to_be_too_noisy({"a": [], "b": []}, 0.10))
+
+    def test_one_round_never_stops(self):
+        self.assertIsNone(run.bound_to_be_too_noisy({"a": rounds(100), "b": []}, 0.10))
+
+    def test_stops_when_the_range_reaches_max_spread_of_the_fastest(self):
+        rows = {"nginx": rounds(62_000, 61_000), "gateway (embedded)": rounds(44_000, 39_600)}
+        self.assertEqual(
+            run.bound_to_be_too_noisy(rows, 0.10),
+            "too noisy to go on: the rounds of gateway (embedded) already spread by 10.0% of "
+            "their fastest, so their spread of the median cannot end below MAX_SPREAD=0.1; "
+            "nothing written")
+        rows["gateway (embedded)"] = rounds(44_000, 39_650)  # 9.9% of the fastest
+        self.assertIsNone(run.bound_to_be_too_noisy(rows, 0.10))
+
+    def test_goes_on_whenever_a_later_round_could_still_pass(self):
+        # 9.9% of the fastest: a third round at the fastest makes it the median, and the run passes.
+        rows = {"a": rounds(90.1, 100)}
+        self.assertIsNone(run.bound_to_be_too_noisy(rows, 0.10))
+        self.assertIsNone(run.too_noisy({"a": rounds(90.1, 100, 100)}, 0.10))
+
+    def test_a_stop_it_calls_certain_is_certain(self):
+        # Every pair of first rounds it stops on stops `too_noisy` too, whatever the third and
+        # fourth rounds are (the stop is not tied to three rounds).
+        later = [1, 50, 80, 89, 90, 95, 99, 100, 101, 105, 110, 120, 200, 10_000]
+        stopped = 0
+        for first in range(80, 101):
+            pair = rounds(first, 100)
+            if run.bound_to_be_too_noisy({"a": pair}, 0.10) is None:
+                continue
+            stopped += 1
+            for third in later:
+                self.assertIsNotNone(run.too_noisy({"a": pair + rounds(third)}, 0.10), third)
+                for fourth in later:
+                    self.assertIsNotNone(
+                        run.too_noisy({"a": pair + rounds(third, fourth)}, 0.10), (third, fourth))
+        self.assertEqual(stopped, 11)  # 80 to 90: 20% down to 10% of the fastest
+
+
 class Main(unittest.TestCase):
     def test_a_bad_max_spread_stops_the_run_before_it_starts_anything(self):
         with tempfile.TemporaryDirectory() as tmp:
