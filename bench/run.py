@@ -232,18 +232,25 @@ def parse_max_spread(value):
     return fraction
 
 
+def widest_reaching(spreads, max_spread):
+    """The contender whose spread is widest, with that spread, when it reaches `max_spread`;
+    else None (always None without a `max_spread` or any contender)."""
+    if max_spread is None or not spreads:
+        return None
+    widest = max(spreads, key=spreads.get)
+    return (widest, spreads[widest]) if spreads[widest] >= max_spread else None
+
+
 def too_noisy(rows, max_spread):
     """Whether a run stops after its closed-loop rounds, writing nothing: the message saying why
     when any contender's rounds spread by `max_spread` of their median req/s or more
     (MAX_SPREAD=0.10 is the rule a run of record must meet), else None. Without a `max_spread`
     the run always goes on; its spread is reported either way."""
-    if max_spread is None:
+    found = widest_reaching(round_spreads(rows), max_spread)
+    if found is None:
         return None
-    spread = round_spreads(rows)
-    widest = max(spread, key=spread.get)
-    if spread[widest] < max_spread:
-        return None
-    return (f"too noisy to go on: the rounds of {widest} spread by {spread[widest]:.1%} of their "
+    widest, spread = found
+    return (f"too noisy to go on: the rounds of {widest} spread by {spread:.1%} of their "
             f"median (MAX_SPREAD={max_spread:g}); nothing written")
 
 
@@ -253,19 +260,16 @@ def bound_to_be_too_noisy(rows, max_spread):
     of a contender's rounds is at most the fastest of them, and adding rounds can only raise the
     fastest and lower the slowest, so its final spread of the median is at least (fastest -
     slowest) / fastest of its rounds so far. Without a `max_spread` the run always goes on."""
-    if max_spread is None:
-        return None
     bound = {}
     for name, runs in rows.items():
         if runs:
             _, slowest, fastest = median_spread([r["rps"] for r in runs])
             bound[name] = (fastest - slowest) / fastest
-    if not bound:
+    found = widest_reaching(bound, max_spread)
+    if found is None:
         return None
-    widest = max(bound, key=bound.get)
-    if bound[widest] < max_spread:
-        return None
-    return (f"too noisy to go on: the rounds of {widest} already spread by {bound[widest]:.1%} "
+    widest, spread = found
+    return (f"too noisy to go on: the rounds of {widest} already spread by {spread:.1%} "
             f"of their fastest, so their spread of the median cannot end below "
             f"MAX_SPREAD={max_spread:g}; nothing written")
 
