@@ -7,10 +7,13 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Backend, client};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 const ROUNDS: usize = 4;
@@ -176,4 +179,130 @@ async fn verify_all(c: &reqwest::Client, backend: &Backend, acknowledged: &BTree
         .map(|p| p["name"].as_str().unwrap())
         .collect();
     assert_eq!(names.len(), listed.len(), "no create was stored twice");
+}
+
+/// What the disk is asked for: sled's `flush` waits for its log with `sync_file_range` on Linux,
+/// which leaves the disk's volatile write cache alone, so a `201` must also wait for an
+/// `fdatasync` (or `fsync`) of the log. The backend runs under `strace`, which stamps each such
+/// call; every create, one at a time, must have had one of the log start after it was sent and
+/// return before its `201` came back. With sled's flush alone, only its own `fsync` every
+/// 500 ms would be seen, by no more than one of the creates.
+#[tokio::test]
+async fn every_create_waits_for_the_disk_to_sync_the_log() {
+    const CREATES: usize = 20;
+    let strace = std::process::Command::new("strace").arg("-V").output();
+    assert!(
+        strace.is_ok_and(|out| out.status.success()),
+        "strace is needed for this test: apt-get install -y strace"
+    );
+    for mode in ["group", "per_request"] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let config = dir.path().join("backend.toml");
+        std::fs::write(&config, format!("[backend]\ncommit = \"{mode}\"\n")).unwrap();
+        let trace = dir.path().join("strace.out");
+        let wrapper = [
+            "strace",
+            "-f",
+            "-y",
+            "-ttt",
+            "-T",
+            "-e",
+            "trace=fsync,fdatasync",
+            "-o",
+            trace.to_str().unwrap(),
+            "--",
+        ];
+        let mut backend = Backend::start_under(&wrapper, &data, &config);
+        let c = client();
+        let mut creates = Vec::new();
+        for n in 0..CREATES {
+            let sent = unix_seconds();
+            let r = c
+                .post(backend.url("/v1/pets"))
+                .json(&json!({"name": format!("synced #{n}"), "categoryId": 1}))
+                .send()
+                .await
+                .unwrap();
+            let answered = unix_seconds();
+            assert_eq!(r.status(), 201, "{mode}: create #{n}");
+            creates.push((sent, answered));
+        }
+        // strace passes no signal on; the backend is its child, and its exit ends strace.
+        let children = format!("/proc/{0}/task/{0}/children", backend.proc.pid());
+        let pid: i32 = std::fs::read_to_string(&children)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+        backend
+            .proc
+            .wait_exit("SIGTERM to the backend under strace");
+
+        let log = data.join("pets.sled").join("db");
+        let syncs = log_syncs(&std::fs::read_to_string(&trace).unwrap(), &log);
+        for (n, (sent, answered)) in creates.iter().enumerate() {
+            assert!(
+                syncs
+                    .iter()
+                    .any(|(start, end)| start >= sent && end <= answered),
+                "{mode}: create #{n} (sent at {sent:.6}, answered at {answered:.6}) had no \
+                 fdatasync or fsync of {} between; the log's syncs (start, end): {syncs:?}",
+                log.display()
+            );
+        }
+    }
+}
+
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The successful `fsync` and `fdatasync` calls on `file` in the output of `strace -f -y -ttt
+/// -T`, as (start, end) in Unix seconds. A call another thread's interrupted is in two lines,
+/// `<unfinished ...>` and `<... fdatasync resumed>`, of the same thread.
+fn log_syncs(strace: &str, file: &Path) -> Vec<(f64, f64)> {
+    let on_file = format!("<{}>", file.display());
+    let mut unfinished = std::collections::HashMap::new();
+    let mut syncs = Vec::new();
+    for line in strace.lines() {
+        // `1744  1795919233.249893 fsync(...`: the thread (padded), the time, the call.
+        let Some((thread, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some((stamp, call)) = rest.trim_start().split_once(' ') else {
+            continue;
+        };
+        let Ok(stamp) = stamp.parse::<f64>() else {
+            continue;
+        };
+        let (start, call) = if call.starts_with("<... ") {
+            match unfinished.remove(thread) {
+                Some(start) => (start, call),
+                None => continue,
+            }
+        } else if !(call.starts_with("fsync(") || call.starts_with("fdatasync("))
+            || !call.contains(&on_file)
+        {
+            continue;
+        } else if call.ends_with("<unfinished ...>") {
+            unfinished.insert(thread.to_owned(), stamp);
+            continue;
+        } else {
+            (stamp, call)
+        };
+        // `... = 0 <0.000345>`: succeeded, and how long it took.
+        let Some((result, took)) = call.rsplit_once(" <") else {
+            continue;
+        };
+        let took = took.trim_end_matches('>').parse::<f64>();
+        if let (true, Ok(took)) = (result.ends_with(") = 0"), took) {
+            syncs.push((start, start + took));
+        }
+    }
+    syncs
 }

@@ -2,10 +2,11 @@
 //!
 //! The sled layout, and what a create writes in which order, is in `store/trees.rs`.
 //!
-//! Durability: [`Store::create`] returns only after a `flush()` (fsync) that began after the pet
-//! was written. Concurrent creates wait on the same flush (group commit), run by one flusher task
-//! on a blocking thread (sled's `flush_async` has known deadlocks); under load the flusher lets
-//! the creates that are ready to run join a flush before it starts (`gather`).
+//! Durability: [`Store::create`] returns only after a flush of sled's log and an `fdatasync` of
+//! it (`Trees::make_durable`) that began after the pet was written. Concurrent creates wait on
+//! the same flush (group commit), run by one flusher task on a blocking thread (sled's
+//! `flush_async` has known deadlocks); under load the flusher lets the creates that are ready to
+//! run join a flush before it starts (`gather`).
 //!
 //! Faults: once sled hits an I/O error (a full disk, a read-only file system) it refuses every
 //! further write, even after the cause is gone. The store then drops that database and reopens
@@ -230,7 +231,7 @@ impl Store {
             }
             CommitMode::PerRequest => {
                 let trees = self.trees()?;
-                tokio::task::spawn_blocking(move || flush(&trees.db))
+                tokio::task::spawn_blocking(move || flush(&trees))
                     .await
                     .map_err(|_| StoreError::ShuttingDown)?
             }
@@ -251,16 +252,15 @@ impl Store {
 
     /// Flushes everything to disk; used at shutdown.
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.trees()?.db.flush()?;
+        self.trees()?.make_durable().map_err(sled::Error::Io)?;
         Ok(())
     }
 }
 
-fn flush(db: &sled::Db) -> FlushResult {
-    db.flush().map(drop).map_err(|e| match e {
-        sled::Error::Io(io) => (io.kind(), io.to_string()),
-        other => (io::ErrorKind::Other, other.to_string()),
-    })
+fn flush(trees: &Trees) -> FlushResult {
+    trees
+        .make_durable()
+        .map_err(|io| (io.kind(), io.to_string()))
 }
 
 /// Serves flush requests: takes every waiter queued so far, flushes once, answers them all.
@@ -280,7 +280,7 @@ async fn run_flusher(
         concurrent = waiters.len() > 1;
         store.shared.group_flushes.fetch_add(1, Ordering::Relaxed);
         let result = match store.trees() {
-            Ok(trees) => tokio::task::spawn_blocking(move || flush(&trees.db))
+            Ok(trees) => tokio::task::spawn_blocking(move || flush(&trees))
                 .await
                 .unwrap_or_else(|_| Err((io::ErrorKind::Other, "flush task failed".to_owned()))),
             Err(_) => Err((

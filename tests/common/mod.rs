@@ -91,15 +91,25 @@ impl Proc {
     /// As [`Proc::start`], after `shell`, a bash command line (e.g. `ulimit -Sn 256`) run in the
     /// same process, which then becomes `animal-store`.
     pub fn start_after(shell: Option<&str>, args: &[&str], log: PathBuf) -> Proc {
+        match shell {
+            None => Self::start_under(&[], args, log),
+            Some(shell) => Self::start_under(
+                &["bash", "-c", &format!("{shell} && exec \"$0\" \"$@\"")],
+                args,
+                log,
+            ),
+        }
+    }
+
+    /// As [`Proc::start`], as the last arguments of `wrapper` (e.g. `strace ... --`), whose
+    /// process this then is; with no wrapper, `animal-store` itself.
+    pub fn start_under(wrapper: &[&str], args: &[&str], log: PathBuf) -> Proc {
         let stderr = std::fs::File::create(&log).expect("create log file");
-        let mut command = match shell {
-            None => Command::new(BIN),
-            Some(shell) => {
-                let mut command = Command::new("bash");
-                command
-                    .arg("-c")
-                    .arg(format!("{shell} && exec \"$0\" \"$@\""))
-                    .arg(BIN);
+        let mut command = match wrapper {
+            [] => Command::new(BIN),
+            [program, wrapper_args @ ..] => {
+                let mut command = Command::new(program);
+                command.args(wrapper_args).arg(BIN);
                 command
             }
         };
@@ -203,10 +213,16 @@ impl Backend {
     }
 
     pub fn start_with(data_dir: &Path, config: &Path) -> Backend {
+        Self::start_under(&[], data_dir, config)
+    }
+
+    /// As [`Backend::start_with`], as the last arguments of `wrapper` ([`Proc::start_under`]).
+    pub fn start_under(wrapper: &[&str], data_dir: &Path, config: &Path) -> Backend {
         for _ in 0..START_ATTEMPTS {
             let addr = free_addr();
             let log = data_dir.with_extension(format!("backend-{}.log", addr.port()));
-            let mut proc = Proc::start(
+            let mut proc = Proc::start_under(
+                wrapper,
                 &[
                     "backend",
                     "--config",
