@@ -214,6 +214,15 @@ async fn every_create_waits_for_the_disk_to_sync_the_log() {
             "--",
         ];
         let mut backend = Backend::start_under(&wrapper, &data, &config);
+        // strace passes no signal on and leaves its child running when it is killed itself, so
+        // the backend, its child, is stopped on its own, also when an assertion fails.
+        let children = format!("/proc/{0}/task/{0}/children", backend.proc.pid());
+        let pid: i32 = std::fs::read_to_string(&children)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let traced = KillOnDrop(Pid::from_raw(pid));
         let c = client();
         let mut creates = Vec::new();
         for n in 0..CREATES {
@@ -228,17 +237,12 @@ async fn every_create_waits_for_the_disk_to_sync_the_log() {
             assert_eq!(r.status(), 201, "{mode}: create #{n}");
             creates.push((sent, answered));
         }
-        // strace passes no signal on; the backend is its child, and its exit ends strace.
-        let children = format!("/proc/{0}/task/{0}/children", backend.proc.pid());
-        let pid: i32 = std::fs::read_to_string(&children)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+        kill(traced.0, Signal::SIGTERM).unwrap();
         backend
             .proc
             .wait_exit("SIGTERM to the backend under strace");
+        // strace has ended, so has the backend: its id may be another process's now.
+        std::mem::forget(traced);
 
         let log = data.join("pets.sled").join("db");
         let syncs = log_syncs(&std::fs::read_to_string(&trace).unwrap(), &log);
@@ -252,6 +256,15 @@ async fn every_create_waits_for_the_disk_to_sync_the_log() {
                 log.display()
             );
         }
+    }
+}
+
+/// SIGKILL for a process when the test leaves without stopping it.
+struct KillOnDrop(Pid);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = kill(self.0, Signal::SIGKILL);
     }
 }
 
