@@ -276,8 +276,8 @@ fn unix_seconds() -> f64 {
 }
 
 /// The successful `fsync` and `fdatasync` calls on `file` in the output of `strace -f -y -ttt
-/// -T`, as (start, end) in Unix seconds. A call another thread's interrupted is in two lines,
-/// `<unfinished ...>` and `<... fdatasync resumed>`, of the same thread.
+/// -T`, as (start, end) in Unix seconds. A call during which another thread made one is split
+/// in two lines of its thread, `<unfinished ...>` and `<... fdatasync resumed>`.
 fn log_syncs(strace: &str, file: &Path) -> Vec<(f64, f64)> {
     let on_file = format!("<{}>", file.display());
     let mut unfinished = std::collections::HashMap::new();
