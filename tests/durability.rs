@@ -186,7 +186,8 @@ async fn verify_all(c: &reqwest::Client, backend: &Backend, acknowledged: &BTree
 /// `fdatasync` (or `fsync`) of the log. The backend runs under `strace`, which stamps each such
 /// call; every create, one at a time, must have had one of the log start after it was sent and
 /// return before its `201` came back. With sled's flush alone, only its own `fsync` every
-/// 500 ms would be seen, by no more than one of the creates.
+/// 500 ms would be seen, by no more than one of the creates. sled syncs no directory: the
+/// store's fsync of the new database's is looked for as well.
 #[tokio::test]
 async fn every_create_waits_for_the_disk_to_sync_the_log() {
     const CREATES: usize = 20;
@@ -244,8 +245,16 @@ async fn every_create_waits_for_the_disk_to_sync_the_log() {
         // strace has ended, so has the backend: its id may be another process's now.
         std::mem::forget(traced);
 
-        let log = data.join("pets.sled").join("db");
-        let syncs = log_syncs(&std::fs::read_to_string(&trace).unwrap(), &log);
+        let trace = std::fs::read_to_string(&trace).unwrap();
+        // The database is new: the names of its files are synced too, once, at open.
+        let directory = data.join("pets.sled");
+        assert!(
+            !log_syncs(&trace, &directory).is_empty(),
+            "{mode}: no fsync of {}",
+            directory.display()
+        );
+        let log = directory.join("db");
+        let syncs = log_syncs(&trace, &log);
         for (n, (sent, answered)) in creates.iter().enumerate() {
             assert!(
                 syncs

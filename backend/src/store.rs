@@ -252,15 +252,15 @@ impl Store {
 
     /// Flushes everything to disk; used at shutdown.
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.trees()?.make_durable().map_err(sled::Error::Io)?;
-        Ok(())
+        Ok(self.trees()?.make_durable()?)
     }
 }
 
 fn flush(trees: &Trees) -> FlushResult {
-    trees
-        .make_durable()
-        .map_err(|io| (io.kind(), io.to_string()))
+    trees.make_durable().map_err(|e| match e {
+        sled::Error::Io(io) => (io.kind(), io.to_string()),
+        other => (io::ErrorKind::Other, other.to_string()),
+    })
 }
 
 /// Serves flush requests: takes every waiter queued so far, flushes once, answers them all.

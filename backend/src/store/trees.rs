@@ -59,12 +59,9 @@ impl Trees {
     /// with `sync_file_range` on Linux, which asks the disk for neither its volatile write
     /// cache nor the file's metadata: a power cut could still lose what it returned for, up to
     /// sled's own `fsync` every 500 ms. `sync_data` on the log file does both.
-    pub(super) fn make_durable(&self) -> std::io::Result<()> {
-        self.db.flush().map_err(|e| match e {
-            sled::Error::Io(io) => io,
-            other => std::io::Error::other(other.to_string()),
-        })?;
-        self.log.sync_data()
+    pub(super) fn make_durable(&self) -> sled::Result<()> {
+        self.db.flush()?;
+        Ok(self.log.sync_data()?)
     }
 }
 
