@@ -264,3 +264,42 @@ fn the_running_gateway_leaves_huge_pages_on_for_the_regions_that_ask() {
         assert_eq!(line.split_whitespace().nth(1), Some("1"), "{line}");
     }
 }
+
+/// `/metrics` says how many keys the embedded limit store holds and what its table takes, as of
+/// its last pass (each second), from the start, and again at once after a restart restores them.
+#[tokio::test]
+async fn metrics_show_the_limiters_keys_and_the_bytes_of_its_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut stack = Stack::start(dir.path());
+    let m = |admin, name: &str| metric(admin, name).unwrap_or_else(|| panic!("{name} is shown"));
+    assert_eq!(m(stack.admin, "gateway_limiter_keys"), 0.0);
+    let empty = m(stack.admin, "gateway_limiter_bytes");
+    assert!((1.0..65536.0).contains(&empty), "{empty} bytes with no key");
+
+    let keys: Vec<String> = (0..3).map(|_| stack.key(&["--plan", "pro"])).collect();
+    let c = client();
+    for key in &keys {
+        assert_eq!(stack.get(&c, "/v1/pets", key).await.status(), 200);
+    }
+    common::wait_metric(
+        stack.admin,
+        "gateway_limiter_keys",
+        Duration::from_secs(5),
+        |v| v == 3.0,
+    );
+    // Each key's shard has its first 8 slots of 64 bytes; two keys may share one (each table
+    // hashes with a seed of its own, so which share differs from one process to the next).
+    let three_keys = |admin| {
+        let grown = m(admin, "gateway_limiter_bytes") - empty;
+        assert!(
+            [512.0, 1024.0, 1536.0].contains(&grown),
+            "the table grew by {grown} bytes for 3 keys"
+        );
+    };
+    three_keys(stack.admin);
+
+    assert_eq!(stack.proc.terminate(), Some(0));
+    let stack = Stack::launch(dir.path(), stack.data_dir.clone(), &stack.config);
+    assert_eq!(m(stack.admin, "gateway_limiter_keys"), 3.0, "restored");
+    three_keys(stack.admin);
+}

@@ -250,6 +250,11 @@ async fn two_gateways_share_keys_limits_and_bans_through_redis() {
         "admitted between both: {statuses:?}"
     );
     assert_eq!(count(&statuses, 429), 200);
+    assert_eq!(
+        metric(a.admin, "gateway_limiter_keys"),
+        None,
+        "no embedded store's table to show"
+    );
     assert!(!a.data_dir.join("keys.json").exists(), "keys live in redis");
     let stored = redis.cli(&["hgetall", "as:{keys}"]);
     assert!(

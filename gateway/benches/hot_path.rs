@@ -96,7 +96,9 @@ fn limiter(c: &mut Criterion) {
     let growth = fill_timing_growth(&many, &bans);
     let per_key = (resident_bytes().saturating_sub(before)) as f64 / MANY as f64;
     println!(
-        "limiter memory: {per_key:.0} bytes per active key at {MANY} keys (resident set growth)"
+        "limiter memory: {per_key:.0} bytes per active key at {MANY} keys (resident set growth); \
+         the table's own {:.0}",
+        many.bytes() as f64 / MANY as f64
     );
     println!("{growth}");
     c.bench_function("limiter decision, 1M active keys", |b| {
@@ -133,7 +135,8 @@ fn limiter(c: &mut Criterion) {
     let given_back = burst.saturating_sub(resident_bytes()) as f64 / MANY as f64;
     println!(
         "limiter memory given back to the system once the {MANY} keys are forgotten: \
-         {given_back:.0} bytes per key (system malloc)"
+         {given_back:.0} bytes per key (system malloc); the table keeps {} bytes",
+        many.bytes()
     );
     drop(many);
 
@@ -286,8 +289,10 @@ fn growth_with_passes(bans: &BanPolicy) -> String {
     let per_key = (resident_bytes().saturating_sub(before)) as f64 / MANY as f64;
     format!(
         "limiter growth to {MANY} keys at {PACED_KEYS_PER_SECOND} new keys a second, a pass every \
-         {PASS_EVERY:?}: first decisions of new keys {}; {per_key:.0} bytes per key",
-        first.report()
+         {PASS_EVERY:?}: first decisions of new keys {}; {per_key:.0} bytes per key (resident set \
+         growth), the table's own {:.0}",
+        first.report(),
+        paced.bytes() as f64 / MANY as f64
     )
 }
 

@@ -421,6 +421,11 @@ impl Limiter {
         self.states.is_empty()
     }
 
+    /// The bytes of the table that holds the keys' states ([`StateTable::bytes`]).
+    pub fn bytes(&self) -> usize {
+        self.states.bytes()
+    }
+
     /// Puts back the states of a snapshot, as unchanged.
     pub fn restore(&self, states: impl IntoIterator<Item = (KeyId, KeyState)>) {
         for (key, state) in states {

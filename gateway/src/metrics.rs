@@ -124,6 +124,29 @@ pub static ACTIVE_KEYS: Lazy<IntGauge> = Lazy::new(|| {
     register(IntGauge::new("gateway_active_keys", "Usable API keys loaded").expect("valid metric"))
 });
 
+/// Keys with state in the embedded limit store's table, as of its last pass.
+pub static LIMITER_KEYS: Lazy<IntGauge> = Lazy::new(|| {
+    register(
+        IntGauge::new(
+            "gateway_limiter_keys",
+            "Keys with limit state in this gateway's memory (embedded store), as of its last pass",
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// The bytes of the embedded limit store's table, as of its last pass: its slots, used or not,
+/// whichever allocator serves them.
+pub static LIMITER_BYTES: Lazy<IntGauge> = Lazy::new(|| {
+    register(
+        IntGauge::new(
+            "gateway_limiter_bytes",
+            "Bytes of the embedded limit store's table of key states, as of its last pass",
+        )
+        .expect("valid metric"),
+    )
+});
+
 /// Key sets loaded from the store since start (the first load included).
 pub static KEY_LOADS: Lazy<IntCounter> = Lazy::new(|| {
     register(

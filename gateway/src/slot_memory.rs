@@ -122,6 +122,17 @@ impl<T: Copy> SlotMemory<T> {
     }
 }
 
+impl<T> SlotMemory<T> {
+    /// The bytes the array holds: its mapping's whole pages, or its length in `T`s on the heap
+    /// (where the allocator's own rounding and keeping are not counted).
+    pub fn bytes(&self) -> usize {
+        match self.mapped {
+            Some(kept) => kept.get(),
+            None => self.len * size_of::<T>(),
+        }
+    }
+}
+
 impl<T> Default for SlotMemory<T> {
     /// No `T` at all, holding no memory.
     fn default() -> SlotMemory<T> {
@@ -202,6 +213,13 @@ mod tests {
             assert_eq!(memory.len(), len);
             assert!(memory.iter().all(|l| *l == Line([7; 8])));
             assert_eq!(memory.is_mapped(), len * 64 >= HUGE_PAGE, "{len} lines");
+            let whole_pages = (len * 64).next_multiple_of(BASE_PAGE);
+            let bytes = if memory.is_mapped() {
+                whole_pages
+            } else {
+                len * 64
+            };
+            assert_eq!(memory.bytes(), bytes, "{len} lines");
             if memory.is_mapped() {
                 assert_eq!(
                     memory.as_ptr() as usize % HUGE_PAGE,

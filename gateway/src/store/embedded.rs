@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::bans::BanPolicy;
 use crate::keys::KeyId;
 use crate::limits::{Decision, KeyState, Limiter, Standing};
+use crate::metrics;
 use crate::plans::Limits;
 
 /// File name of the snapshot inside the data directory.
@@ -206,7 +207,7 @@ impl EmbeddedStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => return Err(err(source)),
         }
-        Ok(EmbeddedStore {
+        let store = EmbeddedStore {
             limiter,
             dir: data_dir.to_owned(),
             dirty: AtomicBool::new(false),
@@ -218,7 +219,16 @@ impl EmbeddedStore {
                 snapshot_bytes: 0,
             }),
             bans: Mutex::new(bans),
-        })
+        };
+        store.publish_size();
+        Ok(store)
+    }
+
+    /// Sets the `/metrics` gauges of the table's keys and bytes.
+    fn publish_size(&self) {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        metrics::LIMITER_KEYS.set(gauge(self.limiter.len()));
+        metrics::LIMITER_BYTES.set(gauge(self.limiter.bytes()));
     }
 
     /// Checks and, if admitted, counts one request under `bans`.
@@ -249,6 +259,8 @@ impl EmbeddedStore {
         let bans = *self.bans.lock().unwrap_or_else(|p| p.into_inner());
         let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         let result = self.write(&mut files, &bans, now_ms);
+        // The write's pass forgot the idle keys, and may have resized shards.
+        self.publish_size();
         if result.is_err() {
             // The changes taken are written by no batch: the next write is a whole snapshot,
             // which also starts over from whatever torn batch reached the journal.
