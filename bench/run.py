@@ -73,7 +73,10 @@ FLOOR_PAIR = ("pingora pass-through", "gateway (embedded)")
 KEPT_PASS = "pass-through, kept upstreams"
 # MAX_SPREAD: see `parse_max_spread`, `too_noisy` and `bound_to_be_too_noisy`; read by `main`.
 MAX_SPREAD = None
-BIN = ROOT / "target/release/animal-store"
+# The gateway's binary: the plain release build, or GATEWAY_BIN (see `gateway_binary`); read by
+# `main`.
+PLAIN_BIN = ROOT / "target/release/animal-store"
+BIN = PLAIN_BIN
 PASS = ROOT / "target/release/passthrough"
 # The run's temporary directory, made by `main` (importing this module, as bench/test_run.py
 # does, makes nothing).
@@ -230,6 +233,26 @@ def parse_max_spread(value):
     if not (math.isfinite(fraction) and fraction > 0):
         raise ValueError(f"MAX_SPREAD must be a fraction above 0 such as 0.10, not {value!r}")
     return fraction
+
+
+def gateway_binary(value):
+    """GATEWAY_BIN's value: the binary measured as the gateway (and `serve`), such as the
+    profile-guided build of `bench/pgo.sh`; the plain release build when unset or empty. A path
+    that is not an executable file is refused with a message saying so."""
+    if not value:
+        return PLAIN_BIN
+    path = Path(value).resolve()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise ValueError(f"GATEWAY_BIN must name an executable animal-store, not {value!r}")
+    return path
+
+
+def shown(path):
+    """`path` as a report shows it: relative to the repository when it is inside it."""
+    try:
+        return path.relative_to(ROOT)
+    except ValueError:
+        return path
 
 
 def widest_reaching(spreads, max_spread):
@@ -898,12 +921,15 @@ def report(results):
              f"Versions: {version(['rustc', '--version'])}; {version(['nginx', '-v'])}; "
              f"{version(['haproxy', '-v'])}; {version(['redis-server', '--version'])}; {version(['wrk', '-v'])}; "
              f"{version(['oha', '--version'])}; {version(['h2load', '--version'])}.", "",
+             *([] if BIN == PLAIN_BIN else [
+                 f"The gateway (and `serve`) measured here is `{shown(BIN)}` (GATEWAY_BIN), not the plain "
+                 "release build; the pass-through is the plain one.", ""]),
              "Method: the proxy under test pinned to CPU 0 (one worker: nginx `worker_processes 1`, "
              "HAProxy `nbthread 1`, pingora with one thread, which is the gateway's default when it may use "
              "one CPU, and no work stealing, as the gateway ships); the load generator, the upstream (nginx returning a one-pet JSON array, keep-alive) "
              "and Redis on CPU 1. Access logs off. Every round runs every contender after a 1 s warm-up, in "
              "alternating order; values are medians with the rounds' range in brackets. Reproduce with "
-             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS, INSTR_N, TARGET_ROUNDS, PAIR_ROUNDS, MAX_SPREAD).", ""]
+             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS, INSTR_N, TARGET_ROUNDS, PAIR_ROUNDS, MAX_SPREAD, GATEWAY_BIN).", ""]
     if "get" in results:
         rows = results["get"]
         med = {n: statistics.median(r["rps"] for r in v) for n, v in rows.items()}
@@ -1043,15 +1069,19 @@ def report(results):
                   "| phase | " + " | ".join(phases) + " |", "|---|" + "---|" * len(phases)]
         for label in PHASES:
             lines.append(f"| {label} | " + " | ".join(f"{p[label]:,.0f}" for p in phases.values()) + " |")
+        if BIN != PLAIN_BIN:
+            lines += ["", "A build other than the plain one (GATEWAY_BIN) may inline a phase into its "
+                      "caller, where its instructions are then counted: such a phase reads 0 here."]
         lines.append("")
     (BENCH / "results.md").write_text("\n".join(lines))
     log("\n".join(lines))
 
 
 def main():
-    global MAX_SPREAD, WORK
+    global MAX_SPREAD, WORK, BIN
     try:
         MAX_SPREAD = parse_max_spread(os.environ.get("MAX_SPREAD"))
+        BIN = gateway_binary(os.environ.get("GATEWAY_BIN"))
     except ValueError as e:
         sys.exit(str(e))
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

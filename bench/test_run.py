@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Unit tests of bench/run.py's decisions that need no load: whether a noisy run stops
-(MAX_SPREAD) and how the spread of rounds is reckoned. `cargo test` runs them
+(MAX_SPREAD), how the spread of rounds is reckoned, and which gateway binary is measured
+(GATEWAY_BIN). `cargo test` runs them
 (tests/bench_script.rs); by hand, `python3 -m unittest discover -s bench`. The benchmark itself
 is not run by the tests."""
 
@@ -45,6 +46,29 @@ class ParseMaxSpread(unittest.TestCase):
                     run.parse_max_spread(value)
                 self.assertIn(repr(value), str(caught.exception))
                 self.assertIn("such as 0.10", str(caught.exception))
+
+
+class GatewayBinary(unittest.TestCase):
+    def test_unset_or_empty_is_the_plain_release_build(self):
+        self.assertEqual(run.gateway_binary(None), run.ROOT / "target/release/animal-store")
+        self.assertEqual(run.gateway_binary(""), run.PLAIN_BIN)
+
+    def test_an_executable_file_is_taken(self):
+        with tempfile.TemporaryDirectory() as d:
+            binary = Path(d) / "animal-store"
+            binary.write_text("#!/bin/sh\n")
+            binary.chmod(0o755)
+            self.assertEqual(run.gateway_binary(str(binary)), binary.resolve())
+
+    def test_a_missing_or_not_executable_path_is_refused_naming_it(self):
+        with tempfile.TemporaryDirectory() as d:
+            plain = Path(d) / "not-executable"
+            plain.write_text("")
+            for value in (str(Path(d) / "missing"), str(plain), d):
+                with self.subTest(value=value):
+                    with self.assertRaises(ValueError) as caught:
+                        run.gateway_binary(value)
+                    self.assertIn(repr(value), str(caught.exception))
 
 
 class RoundSpreads(unittest.TestCase):
