@@ -236,8 +236,8 @@ def parse_max_spread(value):
 
 
 def gateway_binary(value):
-    """GATEWAY_BIN's value: the binary measured as the gateway (and `serve`), such as the
-    profile-guided build of `bench/pgo.sh`; the plain release build when unset or empty. A path
+    """GATEWAY_BIN's value: the `animal-store` measured as the gateway, `serve` and the backend,
+    such as the profile-guided build of `bench/pgo.sh`; the plain release build when unset or empty. A path
     that is not an executable file is refused with a message saying so."""
     if not value:
         return PLAIN_BIN
@@ -922,8 +922,9 @@ def report(results):
              f"{version(['haproxy', '-v'])}; {version(['redis-server', '--version'])}; {version(['wrk', '-v'])}; "
              f"{version(['oha', '--version'])}; {version(['h2load', '--version'])}.", "",
              *([] if BIN == PLAIN_BIN else [
-                 f"The gateway (and `serve`) measured here is `{shown(BIN)}` (GATEWAY_BIN), not the plain "
-                 "release build; the pass-through is the plain one.", ""]),
+                 f"The `animal-store` measured here (the gateway, `serve` and the backend's creates) is "
+                 f"`{shown(BIN)}` (GATEWAY_BIN), not the plain release build; the pass-through is the "
+                 "plain one.", ""]),
              "Method: the proxy under test pinned to CPU 0 (one worker: nginx `worker_processes 1`, "
              "HAProxy `nbthread 1`, pingora with one thread, which is the gateway's default when it may use "
              "one CPU, and no work stealing, as the gateway ships); the load generator, the upstream (nginx returning a one-pet JSON array, keep-alive) "
