@@ -9,7 +9,7 @@
 # minute), merges the profiles with llvm-profdata, and builds again with them. Needs the
 # benchmark's tools (bench/README.md) and llvm-profdata of rustc's own LLVM major version
 # (`rustup component add llvm-tools`, or Debian's `llvm-N` package). Two release builds: about
-# 15 minutes on two cores. The binary takes the same command line and configuration.
+# 16 minutes on two cores. The binary takes the same command line and configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

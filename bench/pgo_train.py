@@ -5,8 +5,9 @@ bounded in time, on loopback only, so that its profile counts every path a deplo
 `serve` with the shipped configuration (lists, filters and pages, durable creates, the
 deprecated get-by-id, bad keys and the pages for clients) over HTTP/1.1, HTTPS/1.1 and HTTP/2;
 the gateway alone in front of a trivial nginx upstream, as `bench/run.py` measures it; and the
-gateway on a Redis limit store. Code a profile never saw is optimised for size, not speed, which
-is why each of those paths is here: a path left out would get slower, not just not faster.
+gateway on a Redis limit store. Code a profile never saw is treated as cold (inlined less, laid
+out apart, and partly optimised for size), which is why each of those paths is here: a path left
+out may get slower, not just not faster.
 
 The processes exit on SIGTERM, which is when the instrumented binary writes its profile. Uses
 `bench/run.py`'s helpers and tools (wrk, h2load, nginx, redis-server, openssl).
