@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Unit tests of bench/run.py's decisions that need no load: whether a noisy run stops
-(MAX_SPREAD), how the spread of rounds is reckoned, and which gateway binary is measured
-(GATEWAY_BIN). `cargo test` runs them
-(tests/bench_script.rs); by hand, `python3 -m unittest discover -s bench`. The benchmark itself
-is not run by the tests."""
+(MAX_SPREAD), how the spread of rounds is reckoned, which gateway binary is measured
+(GATEWAY_BIN), and that the profile-guided build refuses a profile tool rustc cannot use.
+`cargo test` runs them (tests/bench_script.rs); by hand, `python3 -m unittest discover -s
+bench`. The benchmark itself is not run by the tests."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,33 @@ class GatewayBinary(unittest.TestCase):
                     with self.assertRaises(ValueError) as caught:
                         run.gateway_binary(value)
                     self.assertIn(repr(value), str(caught.exception))
+
+
+class PgoScript(unittest.TestCase):
+    """`bench/pgo.sh` refuses, before building anything, an llvm-profdata of another LLVM than
+    rustc's, whose profiles rustc could not read."""
+
+    def test_an_llvm_profdata_of_another_llvm_is_refused_before_any_build(self):
+        rustc = shutil.which("rustc")
+        if rustc is None:
+            self.skipTest("no rustc on PATH")
+        with tempfile.TemporaryDirectory() as d:
+            fake = Path(d) / "rustc"  # rustc as it is, but for an LLVM no tool here is of
+            fake.write_text(f"""#!/bin/sh
+if [ "$1" = -vV ]; then "{rustc}" -vV | sed 's/^LLVM version: .*/LLVM version: 9999.1.0/'
+else exec "{rustc}" "$@"; fi
+""")
+            fake.chmod(0o755)
+            cargo = Path(d) / "cargo"  # a build reached would fail at once, not take minutes
+            cargo.write_text("#!/bin/sh\nexit 97\n")
+            cargo.chmod(0o755)
+            env = {**os.environ, "PATH": f"{d}:{os.environ['PATH']}"}
+            done = subprocess.run(["bash", str(run.BENCH / "pgo.sh")], capture_output=True,
+                                  text=True, env=env, timeout=60)
+        self.assertEqual(done.returncode, 1, done.stdout + done.stderr)
+        self.assertIn("needs llvm-profdata of LLVM 9999", done.stderr)
+        self.assertIn("apt-get install -y llvm-9999", done.stderr)
+        self.assertNotIn("== instrumented build", done.stdout)
 
 
 class RoundSpreads(unittest.TestCase):
