@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # A profile-guided (PGO) build of `animal-store`, faster than `cargo build --release` on the
-# request path (bench/README.md, "Profile-guided build", has the measurements):
+# request path (bench/README.md, "Profile-guided build", has the measurements), and of the
+# benchmark's pass-through, so that the gateway is measured against a floor built the same way:
 #
-#   bash bench/pgo.sh            # writes target/pgo/<host>/release/animal-store
+#   bash bench/pgo.sh            # writes target/pgo/<host>/release/{animal-store,passthrough}
 #
-# Builds an instrumented binary, trains it on loopback with bench/pgo_train.py (`serve` with the
-# shipped configuration over HTTP/1.1, HTTPS and HTTP/2, the gateway alone and on Redis; about a
-# minute), merges the profiles with llvm-profdata, and builds again with them. Needs the
+# Builds instrumented binaries, trains them on loopback with bench/pgo_train.py (`serve` with the
+# shipped configuration over HTTP/1.1, HTTPS and HTTP/2, the gateway alone and on Redis, the
+# pass-through; about a minute), merges the profiles with llvm-profdata, and builds again with
+# them. Needs the
 # benchmark's tools (bench/README.md) and llvm-profdata of rustc's own LLVM major version
-# (`rustup component add llvm-tools`, or Debian's `llvm-N` package). Two release builds: about
-# 16 minutes on two cores. The binary takes the same command line and configuration.
+# (`rustup component add llvm-tools`, or Debian's `llvm-N` package). Two release builds of both
+# binaries: about 20 minutes on two cores. Each takes the same command line and configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -43,11 +45,16 @@ rm -rf "$profiles"
 mkdir -p "$profiles"
 echo "== instrumented build"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$profiles" \
-  cargo build --release --locked -p animal-store --target "$host" --target-dir target/pgo-generate
+  cargo build --release --locked -p animal-store -p animal-store-passthrough --target "$host" \
+  --target-dir target/pgo-generate
 echo "== training"
-TRAIN_BIN=$root/target/pgo-generate/$host/release/animal-store python3 bench/pgo_train.py
+TRAIN_BIN=$root/target/pgo-generate/$host/release/animal-store \
+  TRAIN_PASS=$root/target/pgo-generate/$host/release/passthrough python3 bench/pgo_train.py
 "$profdata" merge -o "$profiles/merged.profdata" "$profiles"/*.profraw
 echo "== optimised build"
 RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$profiles/merged.profdata" \
-  cargo build --release --locked -p animal-store --target "$host" --target-dir target/pgo
-echo "target/pgo/$host/release/animal-store"
+  cargo build --release --locked -p animal-store -p animal-store-passthrough --target "$host" \
+  --target-dir target/pgo
+built=target/pgo/$host/release
+echo "$built/animal-store and $built/passthrough; to measure them:"
+echo "  GATEWAY_BIN=$built/animal-store PASSTHROUGH_BIN=$built/passthrough bash bench/run.sh"

@@ -73,11 +73,12 @@ FLOOR_PAIR = ("pingora pass-through", "gateway (embedded)")
 KEPT_PASS = "pass-through, kept upstreams"
 # MAX_SPREAD: see `parse_max_spread`, `too_noisy` and `bound_to_be_too_noisy`; read by `main`.
 MAX_SPREAD = None
-# The gateway's binary: the plain release build, or GATEWAY_BIN (see `gateway_binary`); read by
-# `main`.
+# The binaries measured: the plain release builds, or those GATEWAY_BIN and PASSTHROUGH_BIN name
+# (see `chosen_binary`); set by `main`.
 PLAIN_BIN = ROOT / "target/release/animal-store"
+PLAIN_PASS = ROOT / "target/release/passthrough"
 BIN = PLAIN_BIN
-PASS = ROOT / "target/release/passthrough"
+PASS = PLAIN_PASS
 # The run's temporary directory, made by `main` (importing this module, as bench/test_run.py
 # does, makes nothing).
 WORK = None
@@ -235,15 +236,21 @@ def parse_max_spread(value):
     return fraction
 
 
-def gateway_binary(value):
-    """GATEWAY_BIN's value: the `animal-store` measured as the gateway, `serve` and the backend,
-    such as the profile-guided build of `bench/pgo.sh`; the plain release build when unset or empty. A path
+# What each variable names, and the plain release build measured without it.
+BINARIES = {"GATEWAY_BIN": ("animal-store", PLAIN_BIN), "PASSTHROUGH_BIN": ("passthrough", PLAIN_PASS)}
+
+
+def chosen_binary(variable, value):
+    """The binary measured by `variable`'s `value`: GATEWAY_BIN names the `animal-store` measured
+    as the gateway, `serve` and the backend, PASSTHROUGH_BIN the pass-through, such as the
+    profile-guided builds of `bench/pgo.sh`; the plain release build when unset or empty. A path
     that is not an executable file is refused with a message saying so."""
+    what, plain = BINARIES[variable]
     if not value:
-        return PLAIN_BIN
+        return plain
     path = Path(value).resolve()
     if not (path.is_file() and os.access(path, os.X_OK)):
-        raise ValueError(f"GATEWAY_BIN must name an executable animal-store, not {value!r}")
+        raise ValueError(f"{variable} must name an executable {what}, not {value!r}")
     return path
 
 
@@ -907,6 +914,16 @@ def version(cmd):
         return "not installed"
 
 
+def binaries_measured():
+    """The report's lines on which builds were measured, when not both plain release builds."""
+    if (BIN, PASS) == (PLAIN_BIN, PLAIN_PASS):
+        return []
+    gateway = ("the plain release build" if BIN == PLAIN_BIN else f"`{shown(BIN)}` (GATEWAY_BIN)")
+    floor = ("the plain release build" if PASS == PLAIN_PASS else f"`{shown(PASS)}` (PASSTHROUGH_BIN)")
+    return [f"The `animal-store` measured here (the gateway, `serve` and the backend's creates) is "
+            f"{gateway}; the pass-through is {floor}.", ""]
+
+
 def report(results):
     def fmt(values, digits=0):
         m, lo, hi = median_spread(values)
@@ -921,16 +938,13 @@ def report(results):
              f"Versions: {version(['rustc', '--version'])}; {version(['nginx', '-v'])}; "
              f"{version(['haproxy', '-v'])}; {version(['redis-server', '--version'])}; {version(['wrk', '-v'])}; "
              f"{version(['oha', '--version'])}; {version(['h2load', '--version'])}.", "",
-             *([] if BIN == PLAIN_BIN else [
-                 f"The `animal-store` measured here (the gateway, `serve` and the backend's creates) is "
-                 f"`{shown(BIN)}` (GATEWAY_BIN), not the plain release build; the pass-through is the "
-                 "plain one.", ""]),
+             *binaries_measured(),
              "Method: the proxy under test pinned to CPU 0 (one worker: nginx `worker_processes 1`, "
              "HAProxy `nbthread 1`, pingora with one thread, which is the gateway's default when it may use "
              "one CPU, and no work stealing, as the gateway ships); the load generator, the upstream (nginx returning a one-pet JSON array, keep-alive) "
              "and Redis on CPU 1. Access logs off. Every round runs every contender after a 1 s warm-up, in "
              "alternating order; values are medians with the rounds' range in brackets. Reproduce with "
-             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS, INSTR_N, TARGET_ROUNDS, PAIR_ROUNDS, MAX_SPREAD, GATEWAY_BIN).", ""]
+             "`bash bench/run.sh` (environment: DUR, ROUNDS, CONN, IDLE, PARTS, INSTR_N, TARGET_ROUNDS, PAIR_ROUNDS, MAX_SPREAD, GATEWAY_BIN, PASSTHROUGH_BIN).", ""]
     if "get" in results:
         rows = results["get"]
         med = {n: statistics.median(r["rps"] for r in v) for n, v in rows.items()}
@@ -1079,10 +1093,11 @@ def report(results):
 
 
 def main():
-    global MAX_SPREAD, WORK, BIN
+    global MAX_SPREAD, WORK, BIN, PASS
     try:
         MAX_SPREAD = parse_max_spread(os.environ.get("MAX_SPREAD"))
-        BIN = gateway_binary(os.environ.get("GATEWAY_BIN"))
+        BIN = chosen_binary("GATEWAY_BIN", os.environ.get("GATEWAY_BIN"))
+        PASS = chosen_binary("PASSTHROUGH_BIN", os.environ.get("PASSTHROUGH_BIN"))
     except ValueError as e:
         sys.exit(str(e))
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Unit tests of bench/run.py's decisions that need no load: whether a noisy run stops
-(MAX_SPREAD), how the spread of rounds is reckoned, which gateway binary is measured
-(GATEWAY_BIN), and that the profile-guided build refuses a profile tool rustc cannot use.
+(MAX_SPREAD), how the spread of rounds is reckoned, which binaries are measured (GATEWAY_BIN,
+PASSTHROUGH_BIN), and that the profile-guided build refuses a profile tool rustc cannot use.
 `cargo test` runs them (tests/bench_script.rs); by hand, `python3 -m unittest discover -s
 bench`. The benchmark itself is not run by the tests."""
 
@@ -49,27 +49,47 @@ class ParseMaxSpread(unittest.TestCase):
                 self.assertIn("such as 0.10", str(caught.exception))
 
 
-class GatewayBinary(unittest.TestCase):
+class ChosenBinary(unittest.TestCase):
     def test_unset_or_empty_is_the_plain_release_build(self):
-        self.assertEqual(run.gateway_binary(None), run.ROOT / "target/release/animal-store")
-        self.assertEqual(run.gateway_binary(""), run.PLAIN_BIN)
+        for variable, plain in (("GATEWAY_BIN", "animal-store"), ("PASSTHROUGH_BIN", "passthrough")):
+            with self.subTest(variable=variable):
+                self.assertEqual(run.chosen_binary(variable, None), run.ROOT / "target/release" / plain)
+                self.assertEqual(run.chosen_binary(variable, ""), run.ROOT / "target/release" / plain)
 
     def test_an_executable_file_is_taken(self):
         with tempfile.TemporaryDirectory() as d:
             binary = Path(d) / "animal-store"
             binary.write_text("#!/bin/sh\n")
             binary.chmod(0o755)
-            self.assertEqual(run.gateway_binary(str(binary)), binary.resolve())
+            for variable in run.BINARIES:
+                with self.subTest(variable=variable):
+                    self.assertEqual(run.chosen_binary(variable, str(binary)), binary.resolve())
 
     def test_a_missing_or_not_executable_path_is_refused_naming_it(self):
         with tempfile.TemporaryDirectory() as d:
             plain = Path(d) / "not-executable"
             plain.write_text("")
-            for value in (str(Path(d) / "missing"), str(plain), d):
-                with self.subTest(value=value):
-                    with self.assertRaises(ValueError) as caught:
-                        run.gateway_binary(value)
-                    self.assertIn(repr(value), str(caught.exception))
+            for variable, what in (("GATEWAY_BIN", "animal-store"), ("PASSTHROUGH_BIN", "passthrough")):
+                for value in (str(Path(d) / "missing"), str(plain), d):
+                    with self.subTest(variable=variable, value=value):
+                        with self.assertRaises(ValueError) as caught:
+                            run.chosen_binary(variable, value)
+                        self.assertIn(f"{variable} must name an executable {what}", str(caught.exception))
+                        self.assertIn(repr(value), str(caught.exception))
+
+    def test_the_report_says_which_builds_it_measured(self):
+        saved = run.BIN, run.PASS
+        try:
+            self.assertEqual(run.binaries_measured(), [])
+            run.PASS = run.ROOT / "target/pgo/x/release/passthrough"
+            line = run.binaries_measured()[0]
+            self.assertIn("is the plain release build; the pass-through is "
+                          "`target/pgo/x/release/passthrough` (PASSTHROUGH_BIN).", line)
+            run.BIN = run.ROOT / "target/pgo/x/release/animal-store"
+            line = run.binaries_measured()[0]
+            self.assertIn("is `target/pgo/x/release/animal-store` (GATEWAY_BIN);", line)
+        finally:
+            run.BIN, run.PASS = saved
 
 
 class PgoScript(unittest.TestCase):
