@@ -6,9 +6,10 @@ bounded in time, on loopback only, so that its profile counts every path a deplo
 deprecated get-by-id, bad keys and the pages for clients) over HTTP/1.1, HTTPS/1.1 and HTTP/2;
 the gateway alone in front of a trivial nginx upstream, as `bench/run.py` measures it; and the
 gateway on a Redis limit store. Then the instrumented pass-through named by TRAIN_PASS before the
-same upstream, both ways `bench/run.py` runs it, so that the gateway's floor is built as it is. Code a profile never saw is treated as cold (inlined less, laid
-out apart, and partly optimised for size), which is why each of those paths is here: a path left
-out may get slower, not just not faster.
+same upstream, both ways `bench/run.py` runs it, so that the gateway's floor is built as it is.
+Code a profile never saw is treated as cold (inlined less, laid out apart, and partly optimised
+for size), which is why each of those paths is here: a path left out may get slower, not just
+not faster.
 
 The processes exit on SIGTERM, which is when the instrumented binary writes its profile. Uses
 `bench/run.py`'s helpers and tools (wrk, h2load, nginx, redis-server, openssl).
@@ -83,12 +84,12 @@ def main():
         load("lists", f"http://127.0.0.1:{redis_port}/v1/pets?limit=20", redis_key, DUR // 2)
         run.log("== the pass-through, before the same upstream")
         passes = []
-        for kept in (False, True):
+        for kept, how in ((False, ""), (True, " with kept upstreams")):
             p, pass_port = run.passthrough(upstream, kept=kept)
-            load(f"GETs{', kept upstreams' if kept else ''}", f"http://127.0.0.1:{pass_port}/v1/pets",
-                 gw_key, DUR // 2)
-            passes.append((f"the pass-through{' with kept upstreams' if kept else ''}", p))
-        for name, p in (("the Redis gateway", redis_gw), ("the gateway", gw), ("serve", proc), *passes):
+            load(f"GETs{how}", f"http://127.0.0.1:{pass_port}/v1/pets", gw_key, DUR // 2)
+            passes.append((f"the pass-through{how}", p))
+        stopping = (("the Redis gateway", redis_gw), ("the gateway", gw), ("serve", proc), *passes)
+        for name, p in stopping:
             run.stop(p)  # SIGTERM: each writes its profile as it exits
             if p.returncode != 0:
                 sys.exit(f"{name} exited with {p.returncode}: its profile may be missing")
