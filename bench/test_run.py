@@ -218,6 +218,20 @@ class Main(unittest.TestCase):
             self.assertEqual(out.stdout, "")
             self.assertEqual(os.listdir(tmp), [])
 
+    def test_a_binary_that_is_not_there_stops_the_run_before_it_starts_anything(self):
+        for variable, what in (("GATEWAY_BIN", "animal-store"), ("PASSTHROUGH_BIN", "passthrough")):
+            with self.subTest(variable=variable), tempfile.TemporaryDirectory() as tmp:
+                missing = str(Path(tmp) / "missing")
+                # IDLE beyond any open-file limit: were the variable not read, the run would
+                # stop there, saying so, rather than start a benchmark.
+                env = {**os.environ, variable: missing, "TMPDIR": tmp, "IDLE": str(10**12)}
+                out = subprocess.run([sys.executable, str(Path(run.__file__))], env=env,
+                                     capture_output=True, text=True, timeout=60)
+                self.assertEqual(out.returncode, 1)
+                self.assertEqual(out.stderr.strip(),
+                                 f"{variable} must name an executable {what}, not {missing!r}")
+                self.assertEqual(os.listdir(tmp), [])
+
 
 class Import(unittest.TestCase):
     def test_importing_makes_no_temporary_directory(self):
