@@ -30,14 +30,27 @@ fn guide_route() -> String {
         .join("\n")
 }
 
-/// The orders example, built by `cargo test` beside the test binaries.
+/// The orders example, built as the test binaries are. `cargo test --workspace` has built it
+/// already; `cargo test --test platform_guide` builds no example, so the test asks cargo for it
+/// (a no-op when it is fresh), in the test's own target directory and profile.
 fn orders_binary() -> std::path::PathBuf {
-    let deps = std::env::current_exe().unwrap();
-    deps.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples/orders")
+    let exe = std::env::current_exe().unwrap();
+    // <target>/<profile dir>/deps/<test binary>
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let profile = match profile_dir.file_name().unwrap().to_str().unwrap() {
+        "debug" => "dev",
+        other => other,
+    };
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--example", "orders"])
+        .args(["--profile", profile])
+        .arg("--manifest-path")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+        .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "cargo build --example orders: {status}");
+    profile_dir.join("examples/orders")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -48,7 +61,7 @@ async fn the_platform_guide_adds_a_pooled_service_to_a_running_gateway() {
         .args([one.to_string(), two.to_string()])
         .stdout(Stdio::null())
         .spawn()
-        .expect("the orders example is built by cargo test");
+        .expect("the orders example starts");
     wait_for_port(one, &mut orders);
     wait_for_port(two, &mut orders);
 
