@@ -30,6 +30,16 @@ fn guide_route() -> String {
         .join("\n")
 }
 
+/// Besides `CARGO_PKG_*`, what cargo sets for a test's run that describes the test's package.
+const RUN_BY_CARGO: [&str; 6] = [
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_CRATE_NAME",
+    "CARGO_BIN_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "OUT_DIR",
+];
+
 /// The orders example, built as the test binaries are. `cargo test --workspace` has built it
 /// already; `cargo test --test platform_guide` builds no example, so the test asks cargo for it
 /// (a no-op when it is fresh), in the test's own target directory and profile.
@@ -41,14 +51,23 @@ fn orders_binary() -> std::path::PathBuf {
         "debug" => "dev",
         other => other,
     };
-    let status = Command::new(env!("CARGO"))
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo
         .args(["build", "--quiet", "--example", "orders"])
         .args(["--profile", profile])
         .arg("--manifest-path")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
-        .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
-        .status()
-        .expect("cargo runs");
+        .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap());
+    // What cargo set for this test's run describes this package, not the build asked for: left
+    // in, some of it changes the fingerprints of crates that read it, and both builds, this and
+    // the next `cargo test`, would compile them again.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_") || RUN_BY_CARGO.contains(&name.as_ref()) {
+            cargo.env_remove(name.as_ref());
+        }
+    }
+    let status = cargo.status().expect("cargo runs");
     assert!(status.success(), "cargo build --example orders: {status}");
     profile_dir.join("examples/orders")
 }
