@@ -53,7 +53,8 @@ fn orders_binary() -> std::path::PathBuf {
     };
     let mut cargo = Command::new(env!("CARGO"));
     cargo
-        .args(["build", "--quiet", "--example", "orders"])
+        // The workspace's features, as `cargo test --workspace` built it: there, nothing to do.
+        .args(["build", "--quiet", "--workspace", "--example", "orders"])
         .args(["--profile", profile])
         .arg("--manifest-path")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
