@@ -45,6 +45,11 @@ mod case_header_name;
 use case_header_name::CaseHeaderName;
 pub use case_header_name::IntoCaseHeaderName;
 
+// Animal Store's patch: the case of header names kept in a list while no name has two values
+// (see `case_names.rs`).
+mod case_names;
+use case_names::{CaseNames, Name};
+
 pub mod prelude {
     pub use crate::RequestHeader;
     pub use crate::ResponseHeader;
@@ -84,7 +89,8 @@ pub enum HeaderNameVariant<'a> {
 #[derive(Debug)]
 pub struct RequestHeader {
     base: ReqParts,
-    header_name_map: Option<CaseMap>,
+    // Animal Store's patch: a list, or the published map (see `case_names.rs`)
+    header_name_map: Option<CaseNames>,
     raw_target: RawTarget,
     // whether we send END_STREAM with HEADERS for h2 requests
     send_end_stream: bool,
@@ -171,7 +177,7 @@ impl RequestHeader {
         size_hint: Option<usize>,
     ) -> Result<Self> {
         let mut req = Self::build_no_case(method, path, size_hint)?;
-        req.header_name_map = Some(CaseMap::with_capacity(http_header_map_upper_bound(
+        req.header_name_map = Some(CaseNames::with_capacity(http_header_map_upper_bound(
             size_hint,
         )));
         Ok(req)
@@ -283,13 +289,8 @@ impl RequestHeader {
         let value_map = &self.base.headers;
 
         if let Some(key_map) = key_map {
-            let iter = key_map.iter().zip(value_map.iter());
-            for ((header, case_header), (header2, val)) in iter {
-                if header != header2 {
-                    // in case the header iteration order changes in future versions of HMap
-                    panic!("header iter mismatch {}, {}", header, header2)
-                }
-                f(HeaderNameVariant::Case(case_header), val)?;
+            for (name, val) in key_map.iter(value_map) {
+                f(variant_of(name), val)?;
             }
         } else {
             for (header, value) in value_map {
@@ -470,7 +471,8 @@ impl From<RequestHeader> for ReqParts {
 pub struct ResponseHeader {
     base: RespParts,
     // an ordered header map to store the original case of each header name
-    header_name_map: Option<CaseMap>,
+    // Animal Store's patch: a list, or the published map (see `case_names.rs`)
+    header_name_map: Option<CaseNames>,
     // the reason phrase of the response, if unset, a default one will be used
     reason_phrase: Option<String>,
     // Animal Store's patch: header lines written as they are after the maps' (see
@@ -530,9 +532,9 @@ impl From<Box<ResponseHeader>> for Box<RespParts> {
 impl ResponseHeader {
     fn new(size_hint: Option<usize>) -> Self {
         let mut resp_header = Self::new_no_case(size_hint);
-        resp_header.header_name_map = Some(CaseMap::with_capacity(http_header_map_upper_bound(
-            size_hint,
-        )));
+        resp_header.header_name_map = Some(CaseNames::with_capacity(
+            http_header_map_upper_bound(size_hint),
+        ));
         resp_header
     }
 
@@ -657,13 +659,8 @@ impl ResponseHeader {
         let value_map = &self.base.headers;
 
         if let Some(key_map) = key_map {
-            let iter = key_map.iter().zip(value_map.iter());
-            for ((header, case_header), (header2, val)) in iter {
-                if header != header2 {
-                    // in case the header iteration order changes in future versions of HMap
-                    panic!("header iter mismatch {}, {}", header, header2)
-                }
-                f(HeaderNameVariant::Case(case_header), val)?;
+            for (name, val) in key_map.iter(value_map) {
+                f(variant_of(name), val)?;
             }
         } else {
             for (header, value) in value_map {
@@ -887,7 +884,7 @@ fn http_header_map_upper_bound(size_hint: Option<usize>) -> usize {
 
 #[inline]
 fn append_header_value<T>(
-    name_map: Option<&mut CaseMap>,
+    name_map: Option<&mut CaseNames>,
     value_map: &mut HMap<T>,
     name: impl IntoCaseHeaderName,
     value: T,
@@ -902,9 +899,10 @@ fn append_header_value<T>(
         // Use the non-panicking `try_append`: the infallible `append` calls
         // `.expect("size overflows MAX_SIZE")` internally, which would abort the
         // process if the case map ever exceeded `http`'s `MAX_SIZE` (1 << 15).
-        name_map
-            .try_append(header_name.clone(), case_header_name)
-            .or_err(InvalidHTTPHeader, "header name map size overflows MAX_SIZE")?;
+        // Animal Store's patch: the names and the values appended in one step (`case_names.rs`).
+        return name_map
+            .append(value_map, header_name, case_header_name, value)
+            .or_err(InvalidHTTPHeader, "header map size overflows MAX_SIZE");
     }
 
     // Non-panicking `try_append` for the same reason as the case map above.
@@ -916,7 +914,7 @@ fn append_header_value<T>(
 
 #[inline]
 fn insert_header_value<T>(
-    name_map: Option<&mut CaseMap>,
+    name_map: Option<&mut CaseNames>,
     value_map: &mut HMap<T>,
     name: impl IntoCaseHeaderName,
     value: T,
@@ -928,7 +926,9 @@ fn insert_header_value<T>(
         .or_err(InvalidHTTPHeader, "invalid header name")?;
     if let Some(name_map) = name_map {
         // store the original case in the map
-        name_map.insert(header_name.clone(), case_header_name);
+        // Animal Store's patch: the name and the value inserted in one step (`case_names.rs`).
+        name_map.insert(value_map, header_name, case_header_name, value);
+        return Ok(());
     }
     value_map.insert(header_name, value);
     Ok(())
@@ -937,20 +937,18 @@ fn insert_header_value<T>(
 // the &N here is to avoid clone(). None Copy type like String can impl AsHeaderName
 #[inline]
 fn remove_header<'a, T, N: ?Sized>(
-    name_map: Option<&mut CaseMap>,
+    name_map: Option<&mut CaseNames>,
     value_map: &mut HMap<T>,
     name: &'a N,
 ) -> Option<T>
 where
     &'a N: 'a + AsHeaderName,
 {
-    let removed = value_map.remove(name);
-    if removed.is_some() {
-        if let Some(name_map) = name_map {
-            name_map.remove(name);
-        }
+    // Animal Store's patch: the names and the values removed in one step (`case_names.rs`).
+    match name_map {
+        Some(name_map) => name_map.remove(value_map, name),
+        None => value_map.remove(name),
     }
-    removed
 }
 
 /// Build a [`HeaderValue`] from owned bytes, normalizing the value per RFC
@@ -1051,12 +1049,13 @@ fn normalize_field_value(raw: bytes::Bytes) -> bytes::Bytes {
 }
 
 #[inline]
-fn header_to_h1_wire(key_map: Option<&CaseMap>, value_map: &HMap, buf: &mut impl BufMut) {
+fn header_to_h1_wire(key_map: Option<&CaseNames>, value_map: &HMap, buf: &mut impl BufMut) {
     const CRLF: &[u8; 2] = b"\r\n";
     const HEADER_KV_DELIMITER: &[u8; 2] = b": ";
 
     if let Some(key_map) = key_map {
-        case_header_iter(key_map.into(), value_map).for_each(|(case_header, val)| {
+        // Animal Store's patch: a name whose case the list lost is written as the map spells it.
+        key_map.iter(value_map).for_each(|(case_header, val)| {
             buf.put_slice(case_header.as_slice());
             buf.put_slice(HEADER_KV_DELIMITER);
             buf.put_slice(val.as_ref());
@@ -1076,19 +1075,27 @@ fn header_to_h1_wire(key_map: Option<&CaseMap>, value_map: &HMap, buf: &mut impl
 
 #[inline]
 fn case_header_iter<'a>(
-    name_map: Option<&'a CaseMap>,
+    name_map: Option<&'a CaseNames>,
     value_map: &'a HMap,
 ) -> impl Iterator<Item = (&'a CaseHeaderName, &'a HeaderValue)> + 'a {
+    // Animal Store's patch: the names from `case_names.rs`, which checks them.
     name_map.into_iter().flat_map(|name_map| {
-        name_map
-            .iter()
-            .zip(value_map.iter())
-            .map(|((h1, name), (h2, value))| {
-                // in case the header iteration order changes in future versions of HMap
-                assert_eq!(h1, h2, "header iter mismatch {}, {}", h1, h2);
-                (name, value)
-            })
+        name_map.iter(value_map).map(|(name, value)| match name {
+            Name::Case(name) => (name, value),
+            Name::Map(name) => panic!("header iter mismatch for {name}"),
+        })
     })
+}
+
+/// Animal Store's patch: how [RequestHeader::map] and [ResponseHeader::map] name a header whose
+/// case was kept (`case_names.rs`).
+fn variant_of(name: Name<'_>) -> HeaderNameVariant<'_> {
+    match name {
+        Name::Case(case) => HeaderNameVariant::Case(case),
+        Name::Map(name) => HeaderNameVariant::Titled(
+            case_header_name::titled_header_name_str(name).unwrap_or(name.as_str()),
+        ),
+    }
 }
 
 #[cfg(test)]
