@@ -53,6 +53,9 @@ pub struct HttpSession {
     keepalive_timeout: KeepaliveStatus,
     pub(crate) digest: Box<Digest>,
     response_header: Option<Box<ResponseHeader>>,
+    // Animal Store's patch: what the session still needs of a response header it handed over
+    // whole (`take_resp_header_parts`)
+    taken_response: Option<TakenResponse>,
     request_written: Option<Box<RequestHeader>>,
     bytes_sent: usize,
     /// Total response body payload bytes received from upstream
@@ -90,6 +93,7 @@ impl HttpSession {
             body_writer: BodyWriter::new(),
             keepalive_timeout: KeepaliveStatus::Off,
             response_header: None,
+            taken_response: None,
             request_written: None,
             read_timeout: None,
             write_timeout: None,
@@ -337,6 +341,7 @@ impl HttpSession {
                         self.preread_body = Some(BufRef(s, total_read));
                         self.buf = buf;
                         self.response_header = Some(response_header);
+                        self.taken_response = None;
                         if let Err(e) = self.validate_response() {
                             return self.fail_response_header_read(e);
                         }
@@ -441,9 +446,33 @@ impl HttpSession {
         Ok(Box::new(self.resp_header().unwrap().clone()))
     }
 
+    /// Like [`Self::read_resp_header_parts()`], but hands over the header read rather than a
+    /// copy: afterwards [`Self::resp_header()`] and [`Self::get_header()`] answer `None`, and
+    /// the session keeps only what it needs itself (the status, the version and the headers that
+    /// decide keep-alive). [`Self::read_response_task()`] reads its headers so: a proxy moves the
+    /// header on to its client and had no use for the copy, which cost two header maps cloned
+    /// and dropped a response.
+    ///
+    /// Animal Store's patch to pingora-core 0.9.1 (see `vendor/README.md`).
+    pub async fn take_resp_header_parts(&mut self) -> Result<Box<ResponseHeader>> {
+        self.read_response().await?;
+        let header = self.response_header.take().expect("just read");
+        self.taken_response = Some(TakenResponse::of(&header));
+        Ok(header)
+    }
+
     /// Return a reference of the [`ResponseHeader`] if the response is read
     pub fn resp_header(&self) -> Option<&ResponseHeader> {
         self.response_header.as_deref()
+    }
+
+    /// The version of the response read, whether its header was handed over or not.
+    fn resp_version(&self) -> Option<Version> {
+        match (&self.response_header, &self.taken_response) {
+            (Some(h), _) => Some(h.version),
+            (None, Some(taken)) => Some(taken.version),
+            (None, None) => None,
+        }
     }
 
     /// Get the header value for the given header name from the response header
@@ -463,7 +492,11 @@ impl HttpSession {
 
     /// Return the status code of the response if read
     pub fn get_status(&self) -> Option<StatusCode> {
-        self.response_header.as_ref().map(|h| h.status)
+        match (&self.response_header, &self.taken_response) {
+            (Some(h), _) => Some(h.status),
+            (None, Some(taken)) => Some(taken.status),
+            (None, None) => None,
+        }
     }
 
     async fn do_read_body(&mut self) -> Result<Option<BufRef>> {
@@ -573,12 +606,12 @@ impl HttpSession {
 
         // Per [RFC 9112 Section 6.1-16](https://datatracker.ietf.org/doc/html/rfc9112#section-6.1-16),
         // if Transfer-Encoding is received in HTTP/1.0 response, connection MUST be closed after processing.
-        if self.resp_header().map(|h| h.version) == Some(Version::HTTP_10)
-            && self
-                .resp_header()
-                .and_then(|h| h.headers.get(header::TRANSFER_ENCODING))
-                .is_some()
-        {
+        let has_transfer_encoding = match (&self.response_header, &self.taken_response) {
+            (Some(h), _) => h.headers.get(header::TRANSFER_ENCODING).is_some(),
+            (None, Some(taken)) => taken.has_transfer_encoding,
+            (None, None) => false,
+        };
+        if self.resp_version() == Some(Version::HTTP_10) && has_transfer_encoding {
             self.set_keepalive(None);
             return;
         }
@@ -593,7 +626,7 @@ impl HttpSession {
             } else {
                 self.set_keepalive(None);
             }
-        } else if self.resp_header().map(|h| h.version) == Some(Version::HTTP_11) {
+        } else if self.resp_version() == Some(Version::HTTP_11) {
             self.set_keepalive(Some(0)); // on by default for http 1.1
         } else {
             self.set_keepalive(None); // off by default for http 1.0
@@ -614,7 +647,10 @@ impl HttpSession {
         match request_keepalive {
             // ignore what the server sends if request disables keepalive explicitly
             Some(false) => Some(false),
-            _ => is_buf_keepalive(self.get_header(header::CONNECTION)),
+            _ => match &self.taken_response {
+                Some(taken) if self.response_header.is_none() => taken.connection_keepalive,
+                _ => is_buf_keepalive(self.get_header(header::CONNECTION)),
+            },
         }
     }
 
@@ -623,27 +659,10 @@ impl HttpSession {
     /// it's behavior is different on different platforms.
     /// https://developer.mozilla.org/en-US/docs/Web/HTTP/Headers/Keep-Alive
     fn get_keepalive_values(&self) -> (Option<u64>, Option<usize>) {
-        let Some(keep_alive_header) = self.get_header("Keep-Alive") else {
-            return (None, None);
-        };
-
-        let Ok(header_value) = str::from_utf8(keep_alive_header.as_bytes()) else {
-            return (None, None);
-        };
-
-        let mut timeout = None;
-        let mut max = None;
-
-        for param in header_value.split(',') {
-            let parts = param.split_once('=').map(|(k, v)| (k.trim(), v));
-            match parts {
-                Some(("timeout", timeout_value)) => timeout = timeout_value.trim().parse().ok(),
-                Some(("max", max_value)) => max = max_value.trim().parse().ok(),
-                _ => {}
-            }
+        match &self.taken_response {
+            Some(taken) if self.response_header.is_none() => taken.keepalive_values,
+            _ => keepalive_values(self.get_header("Keep-Alive")),
         }
-
-        (timeout, max)
     }
 
     /// Close the connection abruptly. This allows to signal the server that the connection is closed
@@ -810,7 +829,8 @@ impl HttpSession {
 
     pub async fn read_response_task(&mut self) -> Result<HttpTask> {
         if self.should_read_resp_header() {
-            let resp_header = self.read_resp_header_parts().await?;
+            // Animal Store's patch: the header read is handed over, not copied.
+            let resp_header = self.take_resp_header_parts().await?;
             let end_of_body = self.is_body_done();
             debug!("Response header: {resp_header:?}");
             trace!(
@@ -883,6 +903,59 @@ impl HttpSession {
 }
 
 #[inline]
+/// `Keep-Alive: timeout=5, max=1000` => 5, 1000 (see `HttpSession::get_keepalive_values`).
+fn keepalive_values(keep_alive_header: Option<&HeaderValue>) -> (Option<u64>, Option<usize>) {
+    let Some(keep_alive_header) = keep_alive_header else {
+        return (None, None);
+    };
+
+    let Ok(header_value) = str::from_utf8(keep_alive_header.as_bytes()) else {
+        return (None, None);
+    };
+
+    let mut timeout = None;
+    let mut max = None;
+
+    for param in header_value.split(',') {
+        let parts = param.split_once('=').map(|(k, v)| (k.trim(), v));
+        match parts {
+            Some(("timeout", timeout_value)) => timeout = timeout_value.trim().parse().ok(),
+            Some(("max", max_value)) => max = max_value.trim().parse().ok(),
+            _ => {}
+        }
+    }
+
+    (timeout, max)
+}
+
+/// What a session still needs of a response header once it has handed it over
+/// (`HttpSession::take_resp_header_parts`): its status and version, and what its headers say of
+/// keep-alive.
+///
+/// Animal Store's patch to pingora-core 0.9.1 (see `vendor/README.md`).
+#[derive(Debug, Clone, Copy)]
+struct TakenResponse {
+    status: StatusCode,
+    version: Version,
+    has_transfer_encoding: bool,
+    /// `is_buf_keepalive` of its `Connection` header.
+    connection_keepalive: Option<bool>,
+    /// `keepalive_values` of its `Keep-Alive` header.
+    keepalive_values: (Option<u64>, Option<usize>),
+}
+
+impl TakenResponse {
+    fn of(header: &ResponseHeader) -> Self {
+        TakenResponse {
+            status: header.status,
+            version: header.version,
+            has_transfer_encoding: header.headers.get(header::TRANSFER_ENCODING).is_some(),
+            connection_keepalive: is_buf_keepalive(header.headers.get(header::CONNECTION)),
+            keepalive_values: keepalive_values(header.headers.get("Keep-Alive")),
+        }
+    }
+}
+
 fn parse_resp_buffer<'buf>(
     resp: &mut httparse::Response<'_, 'buf>,
     buf: &'buf [u8],
@@ -2931,5 +3004,80 @@ mod test_sync {
         assert!(!request_target_has_forbidden_byte(b"/normal/path?a=b"));
         assert!(request_target_has_forbidden_byte(b"/x HTTP/1.1")); // SP
         assert!(request_target_has_forbidden_byte(b"/a\r\nb")); // CR/LF
+    }
+}
+
+/// Animal Store's patch: a response header handed over by `read_response_task` leaves the
+/// session deciding as it did when it kept the header.
+#[cfg(test)]
+mod taken_response_tests {
+    use super::*;
+    use tokio_test::io::Builder;
+
+    /// The session after reading `input`'s first response and deciding keep-alive, keeping the
+    /// header (`read_response`, as published) or handing it over (`read_response_task`).
+    async fn after_reading(input: &str, hand_over: bool) -> (HttpSession, ResponseHeader) {
+        let mock_io = Builder::new().read(input.as_bytes()).build();
+        let mut session = HttpSession::new(Box::new(mock_io));
+        let header = if hand_over {
+            loop {
+                match session.read_response_task().await.unwrap() {
+                    HttpTask::Header(header, _) if !header.status.is_informational() => {
+                        break *header
+                    }
+                    HttpTask::Header(..) => continue,
+                    other => panic!("expected a header, got {other:?}"),
+                }
+            }
+        } else {
+            loop {
+                session.read_response().await.unwrap();
+                let header = session.resp_header().unwrap().clone();
+                if !header.status.is_informational() {
+                    break header;
+                }
+            }
+        };
+        session.respect_keepalive();
+        (session, header)
+    }
+
+    #[tokio::test]
+    async fn a_handed_over_header_decides_keepalive_as_a_kept_one() {
+        let responses = [
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nConnection: Upgrade, close\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=1000\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=7\r\nContent-Length: 2\r\n\r\nok",
+            "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n",
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 100 Continue\r\nConnection: close\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\n\r\n",
+        ];
+        let mut kept_alive = 0;
+        for input in responses {
+            let (kept, kept_header) = after_reading(input, false).await;
+            let (taken, taken_header) = after_reading(input, true).await;
+            assert_eq!(taken.keepalive_timeout, kept.keepalive_timeout, "{input:?}");
+            assert_eq!(taken.will_keepalive(), kept.will_keepalive(), "{input:?}");
+            assert_eq!(taken.get_status(), kept.get_status(), "{input:?}");
+            assert_eq!(
+                taken.get_keepalive_values(),
+                kept.get_keepalive_values(),
+                "{input:?}"
+            );
+            assert_eq!(taken_header.status, kept_header.status, "{input:?}");
+            assert_eq!(taken_header.headers, kept_header.headers, "{input:?}");
+            assert!(taken.resp_header().is_none(), "{input:?}");
+            kept_alive += usize::from(taken.will_keepalive());
+        }
+        // Both outcomes are among the cases.
+        assert!(kept_alive > 0 && kept_alive < responses.len());
     }
 }
