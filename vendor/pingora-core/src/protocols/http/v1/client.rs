@@ -207,32 +207,47 @@ impl HttpSession {
 
     // Validate the response header read. This function must be called after the response header
     // read.
-    fn validate_response(&self) -> Result<()> {
+    //
+    // Animal Store's patch: told whether the header has `Transfer-Encoding` and (without it)
+    // `Content-Length`, which `read_response` has just looked up, and answering the length
+    // that frames the body, which the body reader looked up again: `None` when it is absent,
+    // when `Transfer-Encoding` overrides it, or when an invalid one is tolerated.
+    fn validate_response(
+        &self,
+        transfer_encoding: bool,
+        content_length: bool,
+    ) -> Result<Option<usize>> {
         let resp_header = self
             .response_header
             .as_ref()
             .expect("response header must be read");
 
+        // HTTP/1: Transfer-Encoding takes precedence over Content-Length (`validate_content_length`).
+        if transfer_encoding || !content_length {
+            return Ok(None);
+        }
         // Validate/reconcile Content-Length per RFC 9110 section 8.6 (hyper
         // parity): identical duplicates and comma-combined identical values are
         // accepted and collapsed. Conflicting or duplicate values are always an
         // unrecoverable framing error. A peer may opt to tolerate a single,
         // otherwise-invalid value and treat the response as close-delimited.
         // Note: Content-Length is already removed if Transfer-Encoding is present.
-        if let Err(e) = super::common::validate_content_length(&resp_header.headers) {
-            if self.allow_h1_response_invalid_content_length
-                && super::common::content_length_is_single_token(&resp_header.headers)
-            {
-                debug!(
-                    "tolerating invalid Content-Length ({e}); \
-                     treating response as close-delimited"
-                );
-            } else {
-                return Err(e);
+        match content_length_for_framing(&resp_header.headers) {
+            Ok(length) => Ok(length),
+            Err(e) => {
+                if self.allow_h1_response_invalid_content_length
+                    && super::common::content_length_is_single_token(&resp_header.headers)
+                {
+                    debug!(
+                        "tolerating invalid Content-Length ({e}); \
+                         treating response as close-delimited"
+                    );
+                    Ok(None)
+                } else {
+                    Err(e)
+                }
             }
         }
-
-        Ok(())
     }
 
     fn clear_response_header_read_state(&mut self) {
@@ -342,9 +357,14 @@ impl HttpSession {
                         self.buf = buf;
                         self.response_header = Some(response_header);
                         self.taken_response = None;
-                        if let Err(e) = self.validate_response() {
-                            return self.fail_response_header_read(e);
-                        }
+                        // Animal Store's patch: the framing looked up once (`validate_response`).
+                        let content_length = match self.validate_response(
+                            contains_transfer_encoding,
+                            contains_content_length && !contains_transfer_encoding,
+                        ) {
+                            Ok(length) => length,
+                            Err(e) => return self.fail_response_header_read(e),
+                        };
                         // convert to upgrade body type
                         // https://datatracker.ietf.org/doc/html/rfc9110#status.101
                         // as an "informational" header, this cannot have a body
@@ -354,7 +374,8 @@ impl HttpSession {
                         // init body reader if upgrade status has changed body mode
                         // (read_response_task will immediately try to init body afterwards anyways)
                         // informational headers will automatically avoid initializing body reader
-                        self.init_body_reader();
+                        let chunked = contains_transfer_encoding && self.is_chunked_encoding();
+                        self.init_body_reader_framed(Some((chunked, content_length)));
                         // note that the (request) body writer is converted to close delimit
                         // when the upgraded body tasks are received
                         return Ok(s);
@@ -694,6 +715,13 @@ impl HttpSession {
     }
 
     fn init_body_reader(&mut self) {
+        self.init_body_reader_framed(None)
+    }
+
+    /// Animal Store's patch: [`Self::init_body_reader`], told whether the response is chunked
+    /// and the length that frames its body, where the caller has just read them from its header
+    /// (`read_response`); with `None`, read from the header here, as published.
+    fn init_body_reader_framed(&mut self, framing: Option<(bool, Option<usize>)>) {
         if self.body_reader.need_init() {
             // follow https://datatracker.ietf.org/doc/html/rfc9112#section-6.3
             let preread_body = self.preread_body.as_ref().unwrap().get(&self.buf[..]);
@@ -726,10 +754,13 @@ impl HttpSession {
             if upgraded {
                 self.body_reader.init_close_delimited(preread_body);
                 self.close_delimited_resp = true;
-            } else if self.is_chunked_encoding() {
+            } else if framing.map_or_else(|| self.is_chunked_encoding(), |(chunked, _)| chunked) {
                 // if chunked encoding, content-length should be ignored
                 self.body_reader.init_chunked(preread_body);
-            } else if let Some(cl) = self.get_content_length().unwrap_or(None) {
+            } else if let Some(cl) = framing.map_or_else(
+                || self.get_content_length().unwrap_or(None),
+                |(_, length)| length,
+            ) {
                 self.body_reader.init_content_length(cl, preread_body);
             } else {
                 self.body_reader.init_close_delimited(preread_body);

@@ -426,7 +426,11 @@ impl HttpSession {
                         if has_both_te_and_cl {
                             self.set_keepalive(None);
                         }
-                        self.validate_request()?;
+                        // Animal Store's patch: the framing looked up once (`validate_framed`).
+                        self.validate_framed(
+                            contains_transfer_encoding,
+                            contains_content_length && !contains_transfer_encoding,
+                        )?;
 
                         return Ok(Some(s));
                     }
@@ -482,6 +486,17 @@ impl HttpSession {
     /// # Panics
     /// this function and most other functions will panic if called before [`Self::read_request()`]
     pub fn validate_request(&self) -> Result<()> {
+        let headers = &self.req_header().headers;
+        self.validate_framed(
+            headers.contains_key(TRANSFER_ENCODING),
+            headers.contains_key(CONTENT_LENGTH),
+        )
+    }
+
+    /// Animal Store's patch: [`Self::validate_request`], told whether the request has
+    /// `Transfer-Encoding` and `Content-Length`, which `read_request` has just looked up (they
+    /// were looked up three more times here).
+    fn validate_framed(&self, transfer_encoding: bool, content_length: bool) -> Result<()> {
         let req_header = self.req_header();
 
         // Reject an ambiguous authority before anything routes on it.
@@ -491,9 +506,11 @@ impl HttpSession {
         // parity): identical duplicates and comma-combined identical values are
         // accepted and collapsed; differing or unparseable values are rejected.
         // This is a no-op when Transfer-Encoding is present (TE overrides CL).
-        super::common::validate_content_length(&req_header.headers)?;
+        if !transfer_encoding && content_length {
+            super::common::content_length_for_framing(&req_header.headers)?;
+        }
 
-        if req_header.headers.contains_key(TRANSFER_ENCODING) {
+        if transfer_encoding {
             // Per [RFC 9112 Section 6.1-16](https://datatracker.ietf.org/doc/html/rfc9112#section-6.1-16),
             // HTTP/1.0 requests with Transfer-Encoding MUST be treated as having faulty framing.
             // We reject with 400 Bad Request and close the connection.
@@ -848,11 +865,12 @@ impl HttpSession {
             /* update headers */
             header.insert_header(header::DATE, date::get_cached_date())?;
 
-            // TODO: make these lazy static
+            // Animal Store's patch: static values, which cost no allocation or copy (from a
+            // `&str`, a value is copied into a buffer of its own every response).
             let connection_value = if self.will_keepalive() {
-                "keep-alive"
+                HeaderValue::from_static("keep-alive")
             } else {
-                "close"
+                HeaderValue::from_static("close")
             };
             header.insert_header(header::CONNECTION, connection_value)?;
         }
