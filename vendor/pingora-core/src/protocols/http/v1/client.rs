@@ -51,7 +51,9 @@ pub struct HttpSession {
     /// request.
     pub write_timeout: Option<Duration>,
     keepalive_timeout: KeepaliveStatus,
-    pub(crate) digest: Box<Digest>,
+    // Animal Store's patch: held in the session, not boxed (a session is made every request,
+    // and each box was an allocation of its own)
+    pub(crate) digest: Digest,
     response_header: Option<Box<ResponseHeader>>,
     // Animal Store's patch: what the session still needs of a response header it handed over
     // whole (`take_resp_header_parts`)
@@ -77,12 +79,12 @@ impl HttpSession {
     /// Create a new http client session from an established (TCP or TLS) [`Stream`].
     pub fn new(stream: Stream) -> Self {
         // TODO: maybe we should put digest in the connection itself
-        let digest = Box::new(Digest {
+        let digest = Digest {
             ssl_digest: stream.get_ssl_digest(),
             timing_digest: stream.get_timing_digest(),
             proxy_digest: stream.get_proxy_digest(),
             socket_digest: stream.get_socket_digest(),
-        });
+        };
         HttpSession {
             underlying_stream: stream,
             buf: Bytes::new(), // zero size, will be replaced by parsed header later

@@ -115,7 +115,9 @@ pub struct HttpSession {
     /// response header to the client.
     upgraded: bool,
     /// Digest to track underlying connection metrics
-    digest: Box<Digest>,
+    // Animal Store's patch: held in the session, not boxed (a session is made every request,
+    // and each box was an allocation of its own)
+    digest: Digest,
     /// Minimum send rate to the client
     min_send_rate: Option<usize>,
     /// When this is enabled informational response headers will not be proxied downstream
@@ -166,12 +168,12 @@ impl HttpSession {
     /// any other operations.
     pub fn new(underlying_stream: Stream) -> Self {
         // TODO: maybe we should put digest in the connection itself
-        let digest = Box::new(Digest {
+        let digest = Digest {
             ssl_digest: underlying_stream.get_ssl_digest(),
             timing_digest: underlying_stream.get_timing_digest(),
             proxy_digest: underlying_stream.get_proxy_digest(),
             socket_digest: underlying_stream.get_socket_digest(),
-        });
+        };
 
         HttpSession {
             underlying_stream,
@@ -1550,7 +1552,11 @@ impl HttpSession {
         Ok(end_stream || self.body_writer.finished())
     }
 
-    fn buffer_body_data(&mut self, data: Option<Bytes>, upgraded: bool) {
+    /// Animal Store's patch: the first piece of body data is held in `held`, as it is, and
+    /// copied into `body_write_buf` only when a second one follows; [`Self::write_held_body`]
+    /// then writes whichever holds the data. A response whose body came in one piece (most of
+    /// them) is written without the copy, and without `body_write_buf`'s allocation.
+    fn buffer_body_data(&mut self, held: &mut Option<Bytes>, data: Option<Bytes>, upgraded: bool) {
         if upgraded != self.upgraded {
             if upgraded {
                 panic!("Unexpected Body task received on upgraded downstream session");
@@ -1563,7 +1569,22 @@ impl HttpSession {
             return;
         };
         if !d.is_empty() && !self.body_writer.finished() {
-            self.body_write_buf.put_slice(&d);
+            match held.take() {
+                None if self.body_write_buf.is_empty() => *held = Some(d),
+                None => self.body_write_buf.put_slice(&d),
+                Some(first) => {
+                    self.body_write_buf.put_slice(&first);
+                    self.body_write_buf.put_slice(&d);
+                }
+            }
+        }
+    }
+
+    /// Animal Store's patch: writes the body data [`Self::buffer_body_data`] gathered.
+    async fn write_held_body(&mut self, held: &mut Option<Bytes>) -> Result<Option<usize>> {
+        match held.take() {
+            Some(d) => self.write_body(&d).await,
+            None => self.write_body_buf().await,
         }
     }
 
@@ -1576,6 +1597,7 @@ impl HttpSession {
         }
 
         let mut end_stream = false;
+        let mut held = None;
         for task in tasks.into_iter() {
             end_stream = match task {
                 HttpTask::Header(header, end_stream) => {
@@ -1585,18 +1607,20 @@ impl HttpSession {
                     end_stream
                 }
                 HttpTask::Body(data, end_stream) => {
-                    self.buffer_body_data(data, false);
+                    self.buffer_body_data(&mut held, data, false);
                     end_stream
                 }
                 HttpTask::UpgradedBody(data, end_stream) => {
-                    self.buffer_body_data(data, true);
+                    self.buffer_body_data(&mut held, data, true);
                     end_stream
                 }
                 HttpTask::Trailer(_) => true, // h1 trailer is not supported yet
                 HttpTask::Done => true,
                 HttpTask::Failed(e) => {
                     // flush the data we have and quit
-                    self.write_body_buf().await.map_err(|e| e.into_down())?;
+                    self.write_held_body(&mut held)
+                        .await
+                        .map_err(|e| e.into_down())?;
                     self.underlying_stream
                         .flush()
                         .await
@@ -1605,7 +1629,9 @@ impl HttpSession {
                 }
             }
         }
-        self.write_body_buf().await.map_err(|e| e.into_down())?;
+        self.write_held_body(&mut held)
+            .await
+            .map_err(|e| e.into_down())?;
         if end_stream {
             // no-op if body wasn't initialized or is finished already
             self.finish_body().await.map_err(|e| e.into_down())?;
@@ -4609,5 +4635,59 @@ mod test_pipelining {
         }
 
         assert!(prefix.is_empty());
+    }
+}
+
+/// Animal Store's patch: a response whose body comes in one piece is written without gathering
+/// it, and the bytes on the wire are those the gathering wrote.
+#[cfg(test)]
+mod held_body_tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// What `response_duplex_vec` writes for a response with `framing` (a header and its
+    /// value) and body pieces `pieces`, after a GET.
+    async fn wire(framing: (&'static str, &'static str), pieces: &[Option<&'static str>]) -> String {
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut session = HttpSession::new(Box::new(server));
+        session.read_request().await.unwrap();
+        session.update_resp_headers = false;
+        let mut header = ResponseHeader::build(200, None).unwrap();
+        header.append_header(framing.0, framing.1).unwrap();
+        let mut tasks = vec![HttpTask::Header(Box::new(header), false)];
+        for piece in pieces {
+            tasks.push(HttpTask::Body(piece.map(|p| Bytes::from_static(p.as_bytes())), false));
+        }
+        tasks.push(HttpTask::Done);
+        assert!(session.response_duplex_vec(tasks).await.unwrap());
+        drop(session);
+        let mut out = String::new();
+        client.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn body_pieces_are_written_as_the_gathering_wrote_them() {
+        let length = ("Content-Length", "5");
+        let head = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n";
+        for pieces in [
+            &[Some("hello")][..],
+            &[Some("he"), Some("llo")],
+            &[None, Some("hello"), Some("")],
+            &[Some(""), Some("hel"), None, Some("lo")],
+        ] {
+            assert_eq!(wire(length, pieces).await, format!("{head}hello"), "{pieces:?}");
+        }
+        let chunked = ("Transfer-Encoding", "chunked");
+        let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+        // One chunk for the whole body either way, as the gathering made it.
+        for pieces in [&[Some("hello")][..], &[Some("he"), Some("llo")], &[Some("hello"), None]] {
+            assert_eq!(
+                wire(chunked, pieces).await,
+                format!("{head}5\r\nhello\r\n0\r\n\r\n"),
+                "{pieces:?}"
+            );
+        }
     }
 }
