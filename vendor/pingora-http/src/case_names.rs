@@ -89,7 +89,11 @@ impl CaseNames {
     }
 
     /// Removes `name`'s values from `values`, and their names; the first value removed.
-    pub(crate) fn remove<'a, T, N: ?Sized>(&mut self, values: &mut HMap<T>, name: &'a N) -> Option<T>
+    pub(crate) fn remove<'a, T, N: ?Sized>(
+        &mut self,
+        values: &mut HMap<T>,
+        name: &'a N,
+    ) -> Option<T>
     where
         &'a N: 'a + AsHeaderName,
     {
@@ -166,10 +170,7 @@ pub(crate) enum Iter<'a> {
         >,
     ),
     Map(
-        std::iter::Zip<
-            http::header::Iter<'a, CaseHeaderName>,
-            http::header::Iter<'a, HeaderValue>,
-        >,
+        std::iter::Zip<http::header::Iter<'a, CaseHeaderName>, http::header::Iter<'a, HeaderValue>>,
     ),
 }
 
@@ -244,8 +245,22 @@ mod tests {
     /// Names in several spellings, standard and not, so that operations meet the same name
     /// spelt otherwise.
     const NAMES: &[&str] = &[
-        "Host", "host", "HOST", "Content-Length", "content-length", "X-Foo", "x-foo", "X-FOO",
-        "Set-Cookie", "Authorization", "X-Bar", "Via", "x-a", "X-B", "Date", "Connection",
+        "Host",
+        "host",
+        "HOST",
+        "Content-Length",
+        "content-length",
+        "X-Foo",
+        "x-foo",
+        "X-FOO",
+        "Set-Cookie",
+        "Authorization",
+        "X-Bar",
+        "Via",
+        "x-a",
+        "X-B",
+        "Date",
+        "Connection",
     ];
 
     /// Every sequence of appends, inserts and removals leaves the list naming each value as the
@@ -315,7 +330,10 @@ mod tests {
                 }
             }
         }
-        assert!(lists_seen > 10_000 && maps_seen > 10_000, "{lists_seen} {maps_seen}");
+        assert!(
+            lists_seen > 10_000 && maps_seen > 10_000,
+            "{lists_seen} {maps_seen}"
+        );
     }
 
     /// A name appended twice turns the list into the published map, with both spellings kept.

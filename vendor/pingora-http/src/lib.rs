@@ -532,9 +532,9 @@ impl From<Box<ResponseHeader>> for Box<RespParts> {
 impl ResponseHeader {
     fn new(size_hint: Option<usize>) -> Self {
         let mut resp_header = Self::new_no_case(size_hint);
-        resp_header.header_name_map = Some(CaseNames::with_capacity(
-            http_header_map_upper_bound(size_hint),
-        ));
+        resp_header.header_name_map = Some(CaseNames::with_capacity(http_header_map_upper_bound(
+            size_hint,
+        )));
         resp_header
     }
 

@@ -4647,7 +4647,10 @@ mod held_body_tests {
 
     /// What `response_duplex_vec` writes for a response with `framing` (a header and its
     /// value) and body pieces `pieces`, after a GET.
-    async fn wire(framing: (&'static str, &'static str), pieces: &[Option<&'static str>]) -> String {
+    async fn wire(
+        framing: (&'static str, &'static str),
+        pieces: &[Option<&'static str>],
+    ) -> String {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
         client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
         let mut session = HttpSession::new(Box::new(server));
@@ -4657,7 +4660,10 @@ mod held_body_tests {
         header.append_header(framing.0, framing.1).unwrap();
         let mut tasks = vec![HttpTask::Header(Box::new(header), false)];
         for piece in pieces {
-            tasks.push(HttpTask::Body(piece.map(|p| Bytes::from_static(p.as_bytes())), false));
+            tasks.push(HttpTask::Body(
+                piece.map(|p| Bytes::from_static(p.as_bytes())),
+                false,
+            ));
         }
         tasks.push(HttpTask::Done);
         assert!(session.response_duplex_vec(tasks).await.unwrap());
@@ -4677,12 +4683,20 @@ mod held_body_tests {
             &[None, Some("hello"), Some("")],
             &[Some(""), Some("hel"), None, Some("lo")],
         ] {
-            assert_eq!(wire(length, pieces).await, format!("{head}hello"), "{pieces:?}");
+            assert_eq!(
+                wire(length, pieces).await,
+                format!("{head}hello"),
+                "{pieces:?}"
+            );
         }
         let chunked = ("Transfer-Encoding", "chunked");
         let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
         // One chunk for the whole body either way, as the gathering made it.
-        for pieces in [&[Some("hello")][..], &[Some("he"), Some("llo")], &[Some("hello"), None]] {
+        for pieces in [
+            &[Some("hello")][..],
+            &[Some("he"), Some("llo")],
+            &[Some("hello"), None],
+        ] {
             assert_eq!(
                 wire(chunked, pieces).await,
                 format!("{head}5\r\nhello\r\n0\r\n\r\n"),
