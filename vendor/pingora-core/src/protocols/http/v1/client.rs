@@ -935,7 +935,6 @@ impl HttpSession {
     }
 }
 
-#[inline]
 /// `Keep-Alive: timeout=5, max=1000` => 5, 1000 (see `HttpSession::get_keepalive_values`).
 fn keepalive_values(keep_alive_header: Option<&HeaderValue>) -> (Option<u64>, Option<usize>) {
     let Some(keep_alive_header) = keep_alive_header else {
@@ -989,6 +988,7 @@ impl TakenResponse {
     }
 }
 
+#[inline]
 fn parse_resp_buffer<'buf>(
     resp: &mut httparse::Response<'_, 'buf>,
     buf: &'buf [u8],
