@@ -55,9 +55,9 @@ pub struct HttpSession {
     // and each box was an allocation of its own)
     pub(crate) digest: Digest,
     response_header: Option<Box<ResponseHeader>>,
-    // Animal Store's patch: what the session still needs of a response header it handed over
-    // whole (`take_resp_header_parts`)
-    taken_response: Option<TakenResponse>,
+    // Animal Store's patch: what the session needs of the response header it read, kept apart
+    // from it so that the header can be handed over whole (`take_resp_header_parts`)
+    response_facts: Option<ResponseFacts>,
     request_written: Option<Box<RequestHeader>>,
     bytes_sent: usize,
     /// Total response body payload bytes received from upstream
@@ -95,7 +95,7 @@ impl HttpSession {
             body_writer: BodyWriter::new(),
             keepalive_timeout: KeepaliveStatus::Off,
             response_header: None,
-            taken_response: None,
+            response_facts: None,
             request_written: None,
             read_timeout: None,
             write_timeout: None,
@@ -357,8 +357,11 @@ impl HttpSession {
                         self.raw_header = Some(BufRef(0, s));
                         self.preread_body = Some(BufRef(s, total_read));
                         self.buf = buf;
+                        self.response_facts = Some(ResponseFacts::of(
+                            &response_header,
+                            contains_transfer_encoding,
+                        ));
                         self.response_header = Some(response_header);
-                        self.taken_response = None;
                         // Animal Store's patch: the framing looked up once (`validate_response`).
                         let content_length = match self.validate_response(
                             contains_transfer_encoding,
@@ -479,9 +482,7 @@ impl HttpSession {
     /// Animal Store's patch to pingora-core 0.9.1 (see `vendor/README.md`).
     pub async fn take_resp_header_parts(&mut self) -> Result<Box<ResponseHeader>> {
         self.read_response().await?;
-        let header = self.response_header.take().expect("just read");
-        self.taken_response = Some(TakenResponse::of(&header));
-        Ok(header)
+        Ok(self.response_header.take().expect("just read"))
     }
 
     /// Return a reference of the [`ResponseHeader`] if the response is read
@@ -491,11 +492,7 @@ impl HttpSession {
 
     /// The version of the response read, whether its header was handed over or not.
     fn resp_version(&self) -> Option<Version> {
-        match (&self.response_header, &self.taken_response) {
-            (Some(h), _) => Some(h.version),
-            (None, Some(taken)) => Some(taken.version),
-            (None, None) => None,
-        }
+        self.response_facts.map(|facts| facts.version)
     }
 
     /// Get the header value for the given header name from the response header
@@ -515,11 +512,8 @@ impl HttpSession {
 
     /// Return the status code of the response if read
     pub fn get_status(&self) -> Option<StatusCode> {
-        match (&self.response_header, &self.taken_response) {
-            (Some(h), _) => Some(h.status),
-            (None, Some(taken)) => Some(taken.status),
-            (None, None) => None,
-        }
+        // Animal Store's patch: from the facts kept, which outlive a header handed over.
+        self.response_facts.map(|facts| facts.status)
     }
 
     async fn do_read_body(&mut self) -> Result<Option<BufRef>> {
@@ -629,11 +623,9 @@ impl HttpSession {
 
         // Per [RFC 9112 Section 6.1-16](https://datatracker.ietf.org/doc/html/rfc9112#section-6.1-16),
         // if Transfer-Encoding is received in HTTP/1.0 response, connection MUST be closed after processing.
-        let has_transfer_encoding = match (&self.response_header, &self.taken_response) {
-            (Some(h), _) => h.headers.get(header::TRANSFER_ENCODING).is_some(),
-            (None, Some(taken)) => taken.has_transfer_encoding,
-            (None, None) => false,
-        };
+        let has_transfer_encoding = self
+            .response_facts
+            .is_some_and(|facts| facts.has_transfer_encoding);
         if self.resp_version() == Some(Version::HTTP_10) && has_transfer_encoding {
             self.set_keepalive(None);
             return;
@@ -670,10 +662,9 @@ impl HttpSession {
         match request_keepalive {
             // ignore what the server sends if request disables keepalive explicitly
             Some(false) => Some(false),
-            _ => match &self.taken_response {
-                Some(taken) if self.response_header.is_none() => taken.connection_keepalive,
-                _ => is_buf_keepalive(self.get_header(header::CONNECTION)),
-            },
+            _ => self
+                .response_facts
+                .and_then(|facts| facts.connection_keepalive),
         }
     }
 
@@ -682,10 +673,8 @@ impl HttpSession {
     /// it's behavior is different on different platforms.
     /// https://developer.mozilla.org/en-US/docs/Web/HTTP/Headers/Keep-Alive
     fn get_keepalive_values(&self) -> (Option<u64>, Option<usize>) {
-        match &self.taken_response {
-            Some(taken) if self.response_header.is_none() => taken.keepalive_values,
-            _ => keepalive_values(self.get_header("Keep-Alive")),
-        }
+        self.response_facts
+            .map_or((None, None), |facts| facts.keepalive_values)
     }
 
     /// Close the connection abruptly. This allows to signal the server that the connection is closed
@@ -960,13 +949,14 @@ fn keepalive_values(keep_alive_header: Option<&HeaderValue>) -> (Option<u64>, Op
     (timeout, max)
 }
 
-/// What a session still needs of a response header once it has handed it over
-/// (`HttpSession::take_resp_header_parts`): its status and version, and what its headers say of
-/// keep-alive.
+/// What a session needs of the response header it read, read from it as it is stored (nothing
+/// changes a stored header): its status and version, and what its headers say of keep-alive. The
+/// session answers from these whether it keeps the header or has handed it over
+/// (`HttpSession::take_resp_header_parts`).
 ///
 /// Animal Store's patch to pingora-core 0.9.1 (see `vendor/README.md`).
 #[derive(Debug, Clone, Copy)]
-struct TakenResponse {
+struct ResponseFacts {
     status: StatusCode,
     version: Version,
     has_transfer_encoding: bool,
@@ -976,12 +966,13 @@ struct TakenResponse {
     keepalive_values: (Option<u64>, Option<usize>),
 }
 
-impl TakenResponse {
-    fn of(header: &ResponseHeader) -> Self {
-        TakenResponse {
+impl ResponseFacts {
+    /// The facts of `header`, which `read_response` has just looked up for `Transfer-Encoding`.
+    fn of(header: &ResponseHeader, has_transfer_encoding: bool) -> Self {
+        ResponseFacts {
             status: header.status,
             version: header.version,
-            has_transfer_encoding: header.headers.get(header::TRANSFER_ENCODING).is_some(),
+            has_transfer_encoding,
             connection_keepalive: is_buf_keepalive(header.headers.get(header::CONNECTION)),
             keepalive_values: keepalive_values(header.headers.get("Keep-Alive")),
         }
