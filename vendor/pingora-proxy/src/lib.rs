@@ -45,12 +45,12 @@ use once_cell::sync::Lazy;
 use pingora_http::{RequestHeader, ResponseHeader};
 use std::fmt::Debug;
 use std::future::{poll_fn, Future};
+use std::pin::Pin; // Animal Store's patch: `boxed_in_place`
 use std::str;
 use std::sync::{
     atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering},
     Arc,
 };
-use std::pin::Pin; // Animal Store's patch: `boxed_in_place`
 use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
