@@ -68,11 +68,17 @@ impl std::fmt::Display for KeyId {
 }
 
 impl KeyId {
-    /// Parses 16 lowercase or uppercase hex digits.
+    /// Parses 16 lowercase or uppercase hex digits, in one pass over them with no early return:
+    /// this runs on every key presented.
     pub fn parse(s: &str) -> Option<KeyId> {
-        (s.len() == ID_BYTES * 2 && all_hex(s))
-            .then(|| u64::from_str_radix(s, 16).ok().map(KeyId))
-            .flatten()
+        let digits: &[u8; ID_BYTES * 2] = s.as_bytes().try_into().ok()?;
+        let (value, ok) = digits.iter().fold((0u64, true), |(value, ok), &b| {
+            // A hex digit's low four bits are its value, less 9 for a letter (`a` and `A` are
+            // 0x61 and 0x41, the only digits with bit 6 set).
+            let digit = (b & 0xf) + 9 * (b >> 6);
+            (value << 4 | u64::from(digit), ok & b.is_ascii_hexdigit())
+        });
+        ok.then_some(KeyId(value))
     }
 }
 
@@ -477,6 +483,18 @@ mod tests {
             let _ = id_of_key(&s);
             let set = KeySet::default();
             prop_assert!(set.find(&s).is_none());
+        }
+
+        /// `KeyId::parse` reads what `u64::from_str_radix` reads, and refuses the rest: the bytes
+        /// beside each range of hex digits included.
+        #[test]
+        fn the_id_parser_agrees_with_from_str_radix(
+            s in prop_oneof!["[0-9a-fA-F]{15,17}", "[0-9a-fA-F/:@G`g]{16}", ".{0,20}"],
+        ) {
+            let radix = (s.len() == ID_BYTES * 2 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| u64::from_str_radix(&s, 16).ok().map(KeyId))
+                .flatten();
+            prop_assert_eq!(KeyId::parse(&s), radix);
         }
 
         /// `id_of_key` accepts what splitting at the first `_` and checking both halves accepts,
