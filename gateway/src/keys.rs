@@ -73,8 +73,8 @@ impl KeyId {
     pub fn parse(s: &str) -> Option<KeyId> {
         let digits: &[u8; ID_BYTES * 2] = s.as_bytes().try_into().ok()?;
         let (value, ok) = digits.iter().fold((0u64, true), |(value, ok), &b| {
-            // A hex digit's low four bits are its value, less 9 for a letter (`a` and `A` are
-            // 0x61 and 0x41, the only digits with bit 6 set).
+            // A hex digit's value is its low four bits, plus 9 for a letter: letters are the
+            // only hex digits with bit 6 set (`a` is 0x61, `A` 0x41, `0` 0x30).
             let digit = (b & 0xf) + 9 * (b >> 6);
             (value << 4 | u64::from(digit), ok & b.is_ascii_hexdigit())
         });
