@@ -311,27 +311,30 @@ impl KeyRecord {
     }
 }
 
-/// A usable key, as the gateway holds it in memory.
+/// A usable key, as the gateway holds it in memory. In this order (`repr(C)`), so that what
+/// every request reads first (the hash and expiry the lookup checks, then what the decision
+/// and `touch` read) is in the first cache lines after the `Arc`'s counts.
 #[derive(Debug)]
+#[repr(C)]
 pub struct ActiveKey {
+    sha256: [u8; 32],
+    /// Unix milliseconds after which the key stops working.
+    pub expires_ms: Option<u64>,
     /// Public id.
     pub id: KeyId,
-    /// The plan's name, as forwarded upstream in `X-Api-Plan`.
-    pub plan: http::HeaderValue,
+    /// The id whose counters this key shares (its own, or its first predecessor's).
+    pub counters: KeyId,
     /// Effective limits (plan or override).
     pub limits: Limits,
+    /// The last minute (Unix minutes) this process saw the key used; written to the store once
+    /// a minute, never per request.
+    pub last_used_minute: std::sync::atomic::AtomicU64,
+    /// The plan's name, as forwarded upstream in `X-Api-Plan`.
+    pub plan: http::HeaderValue,
     /// `RateLimit-Policy` for these limits, rendered once.
     pub policy: http::HeaderValue,
     /// The id as forwarded upstream in `X-Api-Key-Id`, rendered once.
     pub id_header: http::HeaderValue,
-    /// The id whose counters this key shares (its own, or its first predecessor's).
-    pub counters: KeyId,
-    /// Unix milliseconds after which the key stops working.
-    pub expires_ms: Option<u64>,
-    /// The last minute (Unix minutes) this process saw the key used; written to the store once
-    /// a minute, never per request.
-    pub last_used_minute: std::sync::atomic::AtomicU64,
-    sha256: [u8; 32],
 }
 
 impl ActiveKey {
