@@ -456,7 +456,7 @@ fn headers(c: &mut Criterion) {
     }
 }
 
-// The million keys' lookup comes last, so that its key set (about 300 MB, given back) is not
-// what the limiter's tables are placed among.
+// The million keys' lookup comes last, so that its key set (hundreds of MB, given back) is
+// not what the limiter's tables are placed among.
 criterion_group!(benches, key_lookup, limiter, headers, key_lookup_many);
 criterion_main!(benches);

@@ -337,6 +337,15 @@ pub struct ActiveKey {
     pub id_header: http::HeaderValue,
 }
 
+// The hash and expiry in the first 48 bytes, which with the `Arc`'s two counts before them are
+// the allocation's first 64: what the lookup reads, kept together (Rust's own order put the hash
+// at 176).
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(offset_of!(ActiveKey, sha256) + 32 <= 48);
+    assert!(offset_of!(ActiveKey, expires_ms) + size_of::<Option<u64>>() <= 48);
+};
+
 impl ActiveKey {
     /// Whether the key has expired at `now_ms`.
     pub fn expired(&self, now_ms: u64) -> bool {
