@@ -6,7 +6,6 @@
 //! the comparison is constant-time. With 256 bits of entropy a salted slow hash adds nothing: no
 //! one can enumerate the key space.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -15,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::key_index::KeyIndex;
 use crate::plans::{Limits, Plans};
 
 const PREFIX: &str = "as_";
@@ -366,16 +366,14 @@ impl ActiveKey {
 /// The keys the gateway accepts: unrevoked records whose plan resolves, indexed by id.
 #[derive(Debug, Default)]
 pub struct KeySet {
-    /// Ids are random and the set holds only ours, so a presented id cannot make a lookup
-    /// probe longer: a fast hash is safe here, as in the limiter.
-    by_id: HashMap<KeyId, Arc<ActiveKey>, foldhash::fast::RandomState>,
+    by_id: KeyIndex<Arc<ActiveKey>>,
 }
 
 impl KeySet {
     /// Builds the set from records; keys that cannot be used are skipped with a warning that
     /// names the key id only.
     pub fn build(records: &[KeyRecord], plans: &Plans) -> KeySet {
-        let mut by_id = HashMap::with_capacity_and_hasher(records.len(), Default::default());
+        let mut by_id = Vec::with_capacity(records.len());
         let now = unix_now();
         for record in records.iter().filter(|r| r.usable(now)) {
             let Some(id) = KeyId::parse(&record.id) else {
@@ -413,18 +411,24 @@ impl KeySet {
                         last_used_minute: std::sync::atomic::AtomicU64::new(0),
                         sha256,
                     };
-                    by_id.insert(id, Arc::new(key));
+                    by_id.push((id, Arc::new(key)));
                 }
                 Err(why) => log::warn!("key store: skipping key {id}: {why}"),
             }
         }
-        KeySet { by_id }
+        KeySet {
+            by_id: KeyIndex::build(by_id),
+        }
     }
 
     /// The key matching `presented`, compared in constant time; `None` if unknown or revoked.
+    /// The presented key is hashed while the index's slot for its id is fetched from memory.
     pub fn find(&self, presented: &str) -> Option<&Arc<ActiveKey>> {
-        let key = self.by_id.get(&id_of_key(presented)?)?;
-        bool::from(hash_key(presented).ct_eq(&key.sha256)).then_some(key)
+        let (key, hash) = self
+            .by_id
+            .get_meanwhile(id_of_key(presented)?, || hash_key(presented));
+        let key = key?;
+        bool::from(hash.ct_eq(&key.sha256)).then_some(key)
     }
 
     /// Every key, for carrying state (last use) into a rebuilt set.
@@ -434,7 +438,7 @@ impl KeySet {
 
     /// The key with `id`, if usable.
     pub fn get(&self, id: KeyId) -> Option<&Arc<ActiveKey>> {
-        self.by_id.get(&id)
+        self.by_id.get(id)
     }
 
     /// How many keys are usable.

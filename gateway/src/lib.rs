@@ -18,6 +18,7 @@ pub mod cors;
 pub mod deprecation;
 pub mod errors;
 pub mod headers;
+pub mod key_index;
 pub mod key_store;
 pub mod keyring;
 pub mod keys;
