@@ -13,6 +13,10 @@ use std::hash::BuildHasher;
 
 use crate::keys::KeyId;
 
+// A slot of the gateway's index, an id and an `Arc` (whose pointer is never null, so `None` takes
+// no room of its own), is 16 bytes: four to a cache line.
+const _: () = assert!(size_of::<Option<(KeyId, std::sync::Arc<()>)>>() == 16);
+
 /// A table of `V` by [`KeyId`], built once.
 pub struct KeyIndex<V> {
     /// A power of two in length, at most half used.
