@@ -120,6 +120,7 @@ def start(cpu, argv, name, env=None):
 
 
 def stop(proc):
+    """Stops `proc`'s process group: SIGTERM, then SIGKILL after 20 s. True when it was killed."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -127,6 +128,12 @@ def stop(proc):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            return True
+    return False
+
+
+class PartFailed(Exception):
+    """A part could not measure what it is for; the parts measured before it are still reported."""
 
 
 def cleanup():
@@ -822,12 +829,39 @@ PHASES = {
 }
 
 
+class UnreadableProfile(Exception):
+    """A callgrind profile that is missing or that callgrind_annotate refuses."""
+
+
+def unfinished_profile(path):
+    """Why the callgrind profile at `path` is not a whole one, or None when it is: callgrind
+    makes its file, empty, at start and writes the profile at exit, header (with its `events:`
+    line) first and `totals:` last."""
+    size = path.stat().st_size
+    if size == 0:
+        return "it is empty: callgrind never wrote the profile (it writes at exit)"
+    with open(path, "rb") as f:
+        head = f.read(4096)
+        f.seek(max(0, size - 256))
+        tail = f.read()
+    if not re.search(rb"^events: ", head, re.MULTILINE):
+        return f"its {size:,} bytes have no events line in their header"
+    if not re.search(rb"^totals: \d+\s*\Z", tail, re.MULTILINE):
+        return f"its {size:,} bytes end before the totals line: cut off while being written"
+    return None
+
+
 def callgrind_functions(path, inclusive):
     """Instructions by function in a callgrind profile, self or inclusive."""
+    path = Path(path)
+    why = unfinished_profile(path)
+    if why:
+        raise UnreadableProfile(f"{path.name} is not a whole profile: {why}")
     run = subprocess.run(["callgrind_annotate", f"--inclusive={'yes' if inclusive else 'no'}",
                           "--threshold=100", path], capture_output=True, text=True)
     if run.returncode != 0:
-        sys.exit(f"callgrind_annotate {path}: {run.stderr.strip()[-500:]}")
+        raise UnreadableProfile(f"callgrind_annotate refused {path.name} "
+                                f"({path.stat().st_size:,} bytes): {run.stderr.strip()[-300:]}")
     out = run.stdout
     counts = {}
     for line in out.splitlines():
@@ -835,6 +869,23 @@ def callgrind_functions(path, inclusive):
         if m:
             counts[m.group(2)] = counts.get(m.group(2), 0) + int(m.group(1).replace(",", ""))
     return counts
+
+
+PROFILE_TRIES = 2
+
+
+def retaken(what, take, tries=PROFILE_TRIES):
+    """What `take()` returns, taken again when it raises UnreadableProfile, up to `tries` times in
+    all, each refusal logged with why. A run takes eighteen profiles; on 2026-12-02 one came out
+    empty (nginx over HTTP/2, killed when it ignored SIGTERM) and ended a 28-minute run."""
+    why = []
+    for attempt in range(1, tries + 1):
+        try:
+            return take()
+        except UnreadableProfile as e:
+            why.append(str(e))
+            log(f"  {what}: {e}" + ("; taking it again" if attempt < tries else ""))
+    raise PartFailed(f"instr: no readable profile of {what} in {tries} tries: " + " / ".join(why))
 
 
 # The HTTP/2 contenders of the instructions part, reported in a table of their own.
@@ -881,30 +932,35 @@ def part_instr(upstream, results):
     counts, copies, phases = {}, {}, {}
     sizes = (INSTR_N, 3 * INSTR_N)
     for name, (starter, load) in starters.items():
-        profiles = []
-        for n in sizes:
+        def profile(n, starter=starter, load=load, inclusive=name.startswith("gateway")):
+            """One profile of `n` requests read: instructions by function, self and inclusive."""
             out = WORK / f"callgrind-{len(list(WORK.glob('callgrind-*')))}.out"
             proc, port = starter(["valgrind", "--tool=callgrind", "--dump-instr=no",
                                   f"--callgrind-out-file={out}"])
             time.sleep(1.0)
             load(port, n)
-            stop(proc)
+            # A proxy killed rather than stopped leaves callgrind's file empty.
+            how = "was killed 20 s after SIGTERM" if stop(proc) else f"exited with status {proc.returncode}"
             if not out.exists():
-                sys.exit(f"{name}: callgrind wrote no profile (the proxy must exit on SIGTERM)")
-            profiles.append(out)
+                raise UnreadableProfile(f"callgrind wrote no profile; the proxy {how}")
+            try:
+                return (callgrind_functions(out, False), callgrind_functions(out, True) if inclusive else None)
+            except UnreadableProfile as e:
+                raise UnreadableProfile(f"{e}; the proxy {how}") from None
 
         def per_request(functions, match):
             first, second = functions
             return sum(second[f] - first.get(f, 0) for f in second if match(f)) / (sizes[1] - sizes[0])
 
-        own = [callgrind_functions(p, False) for p in profiles]
+        taken = [retaken(f"{name}, {n:,} requests", lambda n=n: profile(n)) for n in sizes]
+        own = [t[0] for t in taken]
         counts[name] = per_request(own, lambda f: f == "PROGRAM TOTALS")
         # glibc's copy routines: under callgrind, about one instruction a byte copied. A large
         # copy a request (pingora-proxy's state machine, before its patch) shows here first.
         copies[name] = per_request(own, lambda f: re.search(r":__(memcpy|memmove)_", f) is not None)
         if name.startswith("gateway"):
             # Each function itself, not the closures inside it (their cost is in its own).
-            inclusive = [callgrind_functions(p, True) for p in profiles]
+            inclusive = [t[1] for t in taken]
             phases[name] = {label: per_request(inclusive, lambda f, fn=fn: f.endswith(fn))
                             for label, fn in PHASES.items()}
         log(f"  {name}: {counts[name]:,.0f} instructions per request")
@@ -929,12 +985,13 @@ def binaries_measured():
             f"{gateway}; the pass-through is {floor}.", ""]
 
 
-def report(results):
+def report(results, path=BENCH / "results.md"):
     def fmt(values, digits=0):
         m, lo, hi = median_spread(values)
         return f"{m:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    with open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     lines = ["# Benchmark results", "",
              f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `bash bench/run.sh` "
@@ -1093,7 +1150,11 @@ def report(results):
             lines += ["", "A build other than the plain one (GATEWAY_BIN) may inline a phase into its "
                       "caller, where its instructions are then counted: such a phase reads 0 here."]
         lines.append("")
-    (BENCH / "results.md").write_text("\n".join(lines))
+    if "failed" in results:
+        lines += ["## Not measured", "",
+                  f"The run stopped here, having measured the parts above: {results['failed']}. "
+                  "The parts after it did not run.", ""]
+    path.write_text("\n".join(lines))
     log("\n".join(lines))
 
 
@@ -1116,23 +1177,28 @@ def main():
     WORK = Path(tempfile.mkdtemp(prefix="animal-bench-"))
     try:
         upstream = Upstream()
-        if any(p in PARTS for p in ("get", "open", "idle")):
-            part_get(upstream, results)
-        if "open" in PARTS:
-            part_open(upstream, results)
-        if "idle" in PARTS:
-            part_idle(upstream, results)
-        if "creates" in PARTS:
-            part_creates(results)
-        if "tls" in PARTS:
-            part_tls(upstream, results)
-        if "redis" in PARTS:
-            part_redis_exactness(upstream, results)
-        if "instr" in PARTS:
-            part_instr(upstream, results)
+        try:
+            if any(p in PARTS for p in ("get", "open", "idle")):
+                part_get(upstream, results)
+            if "open" in PARTS:
+                part_open(upstream, results)
+            if "idle" in PARTS:
+                part_idle(upstream, results)
+            if "creates" in PARTS:
+                part_creates(results)
+            if "tls" in PARTS:
+                part_tls(upstream, results)
+            if "redis" in PARTS:
+                part_redis_exactness(upstream, results)
+            if "instr" in PARTS:
+                part_instr(upstream, results)
+        except PartFailed as e:
+            results["failed"] = str(e)
         report(results)
     finally:
         cleanup()
+    if "failed" in results:
+        sys.exit(f"bench/run.py: {results['failed']}; bench/results.md has what was measured before it")
 
 
 if __name__ == "__main__":

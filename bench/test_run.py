@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Unit tests of bench/run.py's decisions that need no load: whether a noisy run stops
 (MAX_SPREAD), how the spread of rounds is reckoned, which binaries are measured (GATEWAY_BIN,
-PASSTHROUGH_BIN), and that the profile-guided build refuses a profile tool rustc cannot use.
+PASSTHROUGH_BIN), how a callgrind profile that is not whole is told, taken again and reported,
+and that the profile-guided build refuses a profile tool rustc cannot use.
 `cargo test` runs them (tests/bench_script.rs); by hand, `python3 -m unittest discover -s
 bench`. The benchmark itself is not run by the tests."""
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -204,6 +207,108 @@ class BoundToBeTooNoisy(unittest.TestCase):
                     self.assertIsNotNone(
                         run.too_noisy({"a": pair + rounds(third, fourth)}, 0.10), (third, fourth))
         self.assertEqual(stopped, 11)  # 80 to 90: 20% down to 10% of the fastest
+
+
+# A whole callgrind profile as callgrind writes one: header, one function, totals last.
+WHOLE_PROFILE = """# callgrind format
+version: 1
+creator: callgrind-3.19.0
+cmd:  nginx
+part: 1
+
+positions: line
+events: Ir
+summary: 7
+
+fn=main
+0 7
+
+totals: 7
+"""
+
+
+class Profiles(unittest.TestCase):
+    def setUp(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-test-"))
+        self.addCleanup(shutil.rmtree, self.dir)
+
+    def profile(self, text):
+        path = self.dir / "callgrind-0.out"
+        path.write_text(text)
+        return path
+
+    def test_a_whole_profile_is_whole(self):
+        self.assertIsNone(run.unfinished_profile(self.profile(WHOLE_PROFILE)))
+
+    def test_an_empty_profile_is_one_callgrind_never_wrote(self):
+        # What a proxy killed under callgrind leaves: the file made at start, empty.
+        self.assertEqual(run.unfinished_profile(self.profile("")),
+                         "it is empty: callgrind never wrote the profile (it writes at exit)")
+
+    def test_a_profile_cut_off_is_told_from_a_whole_one(self):
+        for cut in ("\ntotals: 7\n", "totals: 7\n", "7\n"):
+            with self.subTest(cut=cut):
+                text = WHOLE_PROFILE[:-len(cut)]
+                self.assertEqual(run.unfinished_profile(self.profile(text)),
+                                 f"its {len(text):,} bytes end before the totals line: cut off while being written")
+        header = WHOLE_PROFILE.split("events:")[0]
+        self.assertEqual(run.unfinished_profile(self.profile(header)),
+                         f"its {len(header):,} bytes have no events line in their header")
+
+    def test_reading_an_unfinished_profile_raises_naming_it_and_why(self):
+        with self.assertRaises(run.UnreadableProfile) as caught:
+            run.callgrind_functions(self.profile(""), False)
+        self.assertEqual(str(caught.exception), "callgrind-0.out is not a whole profile: it is empty: "
+                         "callgrind never wrote the profile (it writes at exit)")
+
+
+class Retaken(unittest.TestCase):
+    def test_a_profile_refused_once_is_taken_again_and_the_refusal_logged(self):
+        tries = []
+
+        def take():
+            tries.append(1)
+            if len(tries) == 1:
+                raise run.UnreadableProfile("it is empty")
+            return "counts"
+
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            self.assertEqual(run.retaken("nginx, 6,000 requests", take), "counts")
+        self.assertEqual(len(tries), 2)
+        self.assertEqual(out.getvalue(), "  nginx, 6,000 requests: it is empty; taking it again\n")
+
+    def test_a_profile_refused_every_time_fails_the_part_with_every_reason(self):
+        reasons = iter(["it is empty", "cut off"])
+
+        def take():
+            raise run.UnreadableProfile(next(reasons))
+
+        with contextlib.redirect_stdout(io.StringIO()) as out, self.assertRaises(run.PartFailed) as caught:
+            run.retaken("nginx, 6,000 requests", take, tries=2)
+        self.assertEqual(str(caught.exception), "instr: no readable profile of nginx, 6,000 requests "
+                         "in 2 tries: it is empty / cut off")
+        self.assertEqual(out.getvalue().count("\n"), 2)
+
+    def test_anything_else_is_not_retried(self):
+        def take():
+            raise OSError("no such file")
+
+        with self.assertRaises(OSError):
+            run.retaken("nginx, 6,000 requests", take)
+
+
+class Report(unittest.TestCase):
+    def test_a_failed_part_is_reported_with_what_was_measured_before_it(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "results.md"
+            results = {"exactness": [(5000, 61_000, 5000)], "failed": "instr: no readable profile"}
+            with contextlib.redirect_stdout(io.StringIO()):
+                run.report(results, path)
+            text = path.read_text()
+        self.assertIn("| 1 | 61,000 | 5,000 | 5,000 |", text)
+        self.assertTrue(text.rstrip().endswith(
+            "## Not measured\n\nThe run stopped here, having measured the parts above: instr: no "
+            "readable profile. The parts after it did not run."), text[-300:])
 
 
 class Main(unittest.TestCase):
