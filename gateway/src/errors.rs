@@ -9,7 +9,7 @@ use pingora::{Error, ErrorSource, ErrorType};
 use pingora_proxy::Session;
 
 use crate::client_stream::ClientStream;
-use crate::proxy::Ctx;
+use crate::context::Ctx;
 use crate::request_id::RequestId;
 use crate::{headers, metrics};
 

@@ -12,9 +12,9 @@ use serde::Deserialize;
 
 use crate::auth::Budget;
 use crate::client::Forwarded;
+use crate::context::Ctx;
 use crate::limits::{Decision, Quota, ceil_secs};
 use crate::plans::Limits;
-use crate::proxy::Ctx;
 use crate::request_id::RequestId;
 
 /// What a response says about the caller's limits.

@@ -13,11 +13,11 @@ use http::Method;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 
+use crate::context::Ctx;
 use crate::cors::{Cors, CorsPolicy};
 use crate::errors::send;
 use crate::keys::ActiveKey;
 use crate::limits::{Quota, ceil_secs};
-use crate::proxy::Ctx;
 
 /// A page anyone may read: no key, nothing counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

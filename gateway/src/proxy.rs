@@ -1,6 +1,8 @@
 //! The proxy: orchestrates pingora's phases; every decision is made by the modules it calls
-//! ([`crate::admission`] for all of `request_filter`'s). Before the first phase, and between
-//! requests of a connection, [`crate::connections`] holds the client connection and times it.
+//! ([`crate::admission`] for all of `request_filter`'s, [`crate::retries`] for which failed
+//! attempts are tried again, [`crate::outcome`] for what `logging` records), and the request's
+//! state is a [`Ctx`]. Before the first phase, and between requests of a connection,
+//! [`crate::connections`] holds the client connection and times it.
 //!
 //! ```text
 //! new_ctx                 the configuration in force, for the whole request
@@ -32,7 +34,7 @@
 //! logging                 metrics and the access log (key id only, never the key)
 //! ```
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,26 +46,22 @@ use http::{HeaderValue, StatusCode};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::protocols::Digest;
-use pingora::protocols::http::v1::common::is_expect_continue_req;
-use pingora::{Error, ErrorSource, ErrorType, Result, RetryType};
+use pingora::{Error, ErrorSource, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
-use crate::access_log::{self, AccessLog};
-use crate::admission::{Admission, declared_length};
+use crate::admission::Admission;
 use crate::auth::FailureBudget;
 use crate::client_stream::ClientStream;
-use crate::cors::{Cors, CorsPolicy};
-use crate::deprecation::Deprecation;
-use crate::errors::{GatewayError, client_went_away, respond, retract};
-use crate::headers::{
-    self, Piece, RateHeaders, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID,
-};
+use crate::context::Ctx;
+use crate::cors::CorsPolicy;
+use crate::errors::{GatewayError, respond, retract};
+use crate::headers::{self, Piece, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID};
 use crate::keyring::Keyring;
-use crate::keys::ActiveKey;
+use crate::lingering;
 use crate::metrics;
+use crate::outcome;
 use crate::pages;
-use crate::request_id::RequestId;
-use crate::routes::{Route, Upstream};
+use crate::retries;
 use crate::settings::Settings;
 use crate::store::LimitStore;
 use crate::unix_ms;
@@ -73,55 +71,6 @@ use crate::unix_ms;
 /// before a typical upstream's own keep-alive timeout, so the gateway never writes into a
 /// connection the upstream has just closed.
 const UPSTREAM_IDLE: Duration = Duration::from_secs(30);
-
-/// After answering before the request body was read, the gateway reads and discards the rest of
-/// it for up to this long, as nginx's `lingering_close` does: a client still sending would
-/// otherwise get a connection reset instead of the answer.
-const LINGER_TIME: Duration = Duration::from_secs(5);
-/// ... and at most this many bytes; past it the connection is closed.
-const LINGER_BYTES: usize = 64 * 1024 * 1024;
-
-/// A refused request's body of at most this many bytes is read and discarded *before* the
-/// refusal is sent, so that the answer can keep the connection open (as nginx's discarding of
-/// a body does): a client whose POSTs are refused (401, 429) would otherwise open a new
-/// connection, and over HTTPS make a new handshake, for every refusal.
-const DISCARD_FIRST_BYTES: usize = 64 * 1024;
-/// ... if it has all arrived within this long; else the refusal goes out and the connection
-/// closes after it.
-const DISCARD_FIRST_TIME: Duration = Duration::from_secs(1);
-
-/// Reads and discards what is left of the request body, within `time` and `bytes`; a body
-/// drained to its end leaves the connection reusable, one that is not closes it.
-async fn discard_body(session: &mut Session, time: Duration, bytes: usize) {
-    let deadline = tokio::time::Instant::now() + time;
-    let mut drained = 0;
-    while !session.is_body_done() {
-        match tokio::time::timeout_at(deadline, session.read_request_body()).await {
-            Ok(Ok(Some(chunk))) if drained + chunk.len() <= bytes => drained += chunk.len(),
-            Ok(Ok(None)) => return,
-            _ => {
-                session.set_keepalive(None);
-                return;
-            }
-        }
-    }
-}
-
-/// Before a refusal: discards a small HTTP/1.1 request body ([`DISCARD_FIRST_BYTES`]) unless
-/// the client waits for `100 Continue` before sending it (it is then answered at once, and the
-/// connection closes).
-async fn discard_small_body(session: &mut Session) {
-    if session.is_body_done() || session.is_http2() {
-        return;
-    }
-    let request = session.req_header();
-    if is_expect_continue_req(request)
-        || declared_length(request).is_some_and(|n| n > DISCARD_FIRST_BYTES as u64)
-    {
-        return;
-    }
-    discard_body(session, DISCARD_FIRST_TIME, DISCARD_FIRST_BYTES).await;
-}
 
 /// Whether `e`, the upstream's silence past the route's timeout, came while the client had not
 /// sent the whole request body and no response had begun: the upstream was waiting for the
@@ -135,120 +84,11 @@ fn body_stalled(session: &mut Session, e: &Error) -> bool {
 }
 
 /// The response written to the client, if any: an interim `100 Continue` is not one.
-fn final_response(session: &Session) -> Option<&ResponseHeader> {
+pub(crate) fn final_response(session: &Session) -> Option<&ResponseHeader> {
     session
         .response_written()
         .filter(|r| !r.status.is_informational())
 }
-
-/// Whether pingora's error `e` says that the request's head could not be written upstream (as
-/// the connection was reset): then no complete request reached it.
-fn request_head_unsent(e: &Error) -> bool {
-    e.etype == ErrorType::WriteError
-        && e.context
-            .as_ref()
-            .is_some_and(|c| c.as_str().contains("request header"))
-}
-
-/// The instance of a pool that `ctx` went to could not be connected to, or closed the connection
-/// unanswered: it leaves the rotation until its next passing health check, and with `retry`, the
-/// request goes to another instance, once.
-fn pass_over(ctx: &mut Ctx, e: &mut Error, retry: bool) {
-    if let (Some(route), Some(instance)) = (&ctx.route, ctx.instance)
-        && let Upstream::Pool(pool) = &route.upstream
-    {
-        pool.connection_failed(instance);
-        route.publish_rotation();
-        if retry && ctx.unreachable.is_none() {
-            ctx.unreachable = Some(instance);
-            e.set_retry(true);
-        }
-    }
-}
-
-/// After answering: the rest of the body, within [`LINGER_TIME`] and [`LINGER_BYTES`].
-async fn linger(session: &mut Session) {
-    discard_body(session, LINGER_TIME, LINGER_BYTES).await;
-}
-
-/// Per-request state, from the first phase to `logging`.
-pub struct Ctx {
-    /// The configuration in force when the request arrived, used to its end: a reload never
-    /// shows one request half of two configurations.
-    pub settings: Arc<Settings>,
-    /// The client's address (see [`crate::client`]); unspecified until the request is read.
-    pub client: IpAddr,
-    /// Returned to the client and forwarded upstream.
-    pub request_id: RequestId,
-    /// Unix milliseconds when the request was decided on.
-    pub now_ms: u64,
-    /// What the response says about the caller's limits.
-    pub rate: Option<RateHeaders>,
-    /// Set on a deprecated operation.
-    pub deprecation: Option<Arc<Deprecation>>,
-    /// Status of the gateway's own answer, for logging; 0 when it gave none.
-    pub status: u16,
-    /// Code of the gateway's own error answer, for metrics.
-    pub error_code: Option<ErrorCode>,
-    /// What CORS makes of the request: the headers its responses carry.
-    pub cors: Cors,
-    /// The upstream instance the request went to (the last one tried).
-    pub instance: Option<SocketAddr>,
-    /// An instance the gateway could not connect to; the one retry goes elsewhere.
-    unreachable: Option<SocketAddr>,
-    /// The gateway's own answer that served the request (a page, a preflight, `rate_limit`),
-    /// as it appears in metrics and the access log.
-    pub answered: Option<&'static str>,
-    upstream_started: Option<Instant>,
-    /// The request's body stopped arriving while the upstream waited for it.
-    body_stalled: bool,
-    pub(crate) key: Option<Arc<ActiveKey>>,
-    pub(crate) route: Option<Arc<Route>>,
-    body_bytes: u64,
-    started: Instant,
-}
-
-impl Ctx {
-    /// A request's context under `settings`, before anything of the request is known.
-    pub(crate) fn new(settings: Arc<Settings>) -> Ctx {
-        Ctx {
-            settings,
-            client: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            request_id: RequestId::next(),
-            now_ms: 0,
-            rate: None,
-            deprecation: None,
-            status: 0,
-            error_code: None,
-            cors: Cors::Off,
-            answered: None,
-            instance: None,
-            unreachable: None,
-            upstream_started: None,
-            body_stalled: false,
-            key: None,
-            route: None,
-            body_bytes: 0,
-            started: Instant::now(),
-        }
-    }
-
-    /// The `route` and `instance` labels of the upstream metrics: the route's prefix (`none`
-    /// before one is chosen) and the instance tried last (empty before one is).
-    fn upstream_labels(&self) -> (&str, String) {
-        let route = self.route.as_ref().map_or("none", |r| r.prefix.as_str());
-        let instance = self.instance.map(|i| i.to_string()).unwrap_or_default();
-        (route, instance)
-    }
-}
-
-/// The outcome of a request whose client went away before its response was complete, in
-/// metrics and the access log (nginx logs such a request with its status 499).
-const CLIENT_CLOSED: &str = "client_closed";
-
-/// The outcome of a request whose body stopped arriving for the route's timeout: its connection
-/// is closed without an answer (nginx logs such a request with its status 408).
-const CLIENT_TIMEOUT: &str = "client_timeout";
 
 /// The gateway's state shared by all requests.
 pub struct Gateway {
@@ -279,7 +119,7 @@ impl Gateway {
 }
 
 /// The TCP peer's address.
-fn peer_ip(session: &Session) -> IpAddr {
+pub(crate) fn peer_ip(session: &Session) -> IpAddr {
     session
         .client_addr()
         .and_then(|a| a.as_inet())
@@ -337,9 +177,9 @@ impl ProxyHttp for Gateway {
                 Ok(true)
             }
             Err(error) => {
-                discard_small_body(session).await;
+                lingering::before_refusal(session).await;
                 respond(session, ctx, error).await?;
-                linger(session).await;
+                lingering::after_answer(session).await;
                 Ok(true)
             }
         }
@@ -406,13 +246,9 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         _peer: &HttpPeer,
         ctx: &mut Ctx,
-        mut e: Box<Error>,
+        e: Box<Error>,
     ) -> Box<Error> {
-        // A connection that could not be made (refused; timed out, as to a host that is gone;
-        // unreachable) sent nothing upstream, so another instance of a pool may take the
-        // request, whatever its method; once. (nginx's `proxy_next_upstream error timeout`.)
-        pass_over(ctx, &mut e, true);
-        e
+        retries::after_connect_failed(ctx, e)
     }
 
     fn error_while_proxy(
@@ -423,39 +259,11 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
         reused: bool,
     ) -> Box<Error> {
-        let head_unsent = request_head_unsent(&e);
-        let closed_before_answering = e.retry == RetryType::ReusedOnly;
-        let mut e = e.more_context(format!("Peer: {peer}"));
+        let idempotent = session.req_header().method.is_idempotent();
         let body_kept = !session.as_ref().retry_buffer_truncated();
-        if head_unsent && body_kept {
-            // The connection was reset before the request's head was all written: nothing the
-            // instance could act on reached it, whatever the method, so it is sent again as
-            // after a refusal (a reused connection: anywhere, the instance may be fine).
-            if reused {
-                e.set_retry(true);
-            } else {
-                pass_over(ctx, &mut e, true);
-            }
-            return e;
-        }
-        // pingora's policy: a request that can be sent again (idempotent, its body still
-        // buffered) is, when a reused connection turned out closed (the upstream's keep-alive
-        // timeout raced it).
-        let replayable = session.req_header().method.is_idempotent() && body_kept;
-        if replayable {
-            e.retry.decide_reuse(reused);
-        } else {
-            e.set_retry(false);
-        }
-        // And ours: a new connection closed or reset before a byte of the answer came is an
-        // instance going down (its listener closed with this connection still queued) or gone
-        // wrong. As a refused one, it takes the instance out of a pool's rotation, and a request
-        // that can be sent again goes once to another instance (nginx's
-        // `proxy_next_upstream error`, which too leaves out POST and PATCH).
-        if closed_before_answering && !reused {
-            pass_over(ctx, &mut e, replayable);
-        }
-        e
+        // Decided on pingora's own error: the context added here would hide it.
+        retries::after_proxy_error(ctx, e, reused, idempotent, body_kept)
+            .more_context(format!("Peer: {peer}"))
     }
 
     async fn upstream_request_filter(
@@ -574,7 +382,7 @@ impl ProxyHttp for Gateway {
                 // request into a closed socket.
                 session.set_keepalive(None);
                 match respond(session, ctx, error).await {
-                    Ok(()) => linger(session).await,
+                    Ok(()) => lingering::after_answer(session).await,
                     Err(write_error) => log::debug!(
                         "request {}: could not send the error: {write_error}",
                         ctx.request_id
@@ -624,92 +432,6 @@ impl ProxyHttp for Gateway {
         if let Some(stream) = session.as_downstream().stream() {
             ClientStream::hold(stream, false);
         }
-        // The gateway's own answer, if it gave one: it may have replaced a response that pingora
-        // had begun (`retract`).
-        let status = match ctx.status {
-            0 => final_response(session).map_or(0, |r| r.status.as_u16()),
-            own => own,
-        };
-        let outcome = match (ctx.error_code, ctx.answered, e) {
-            (Some(code), _, _) => code.as_str(),
-            (None, Some(_), _) => "answered",
-            (None, None, _) if ctx.body_stalled => CLIENT_TIMEOUT,
-            (None, None, Some(e)) if client_went_away(e) => CLIENT_CLOSED,
-            (None, None, _) => "proxied",
-        };
-        let route = ctx
-            .answered
-            .or_else(|| ctx.route.as_ref().map(|r| r.prefix.as_str()))
-            .unwrap_or("none");
-        let request = session.req_header();
-        let method = metrics::method_label(&request.method);
-        metrics::RESPONSES
-            .with_label_values(&[route, method, metrics::status_label(status), outcome])
-            .inc();
-        let elapsed = ctx.started.elapsed();
-        metrics::DURATION.observe(elapsed.as_secs_f64());
-        let format = ctx.settings.access_log;
-        if format != AccessLog::Off {
-            let forwarded = ctx.upstream_started.is_some();
-            access_log::write(
-                format,
-                &access_log::Entry {
-                    time_ms: ctx.now_ms,
-                    request_id: ctx.request_id.as_str(),
-                    client: if ctx.client.is_unspecified() {
-                        peer_ip(session)
-                    } else {
-                        ctx.client
-                    },
-                    key_id: ctx.key.as_ref().map(|k| k.id.to_string()),
-                    plan: ctx.key.as_ref().and_then(|k| k.plan.to_str().ok()),
-                    method: request.method.as_str(),
-                    path: request.uri.path(),
-                    route,
-                    upstream: ctx.instance.filter(|_| forwarded).map(|i| i.to_string()),
-                    status,
-                    latency_ms: elapsed.as_secs_f64() * 1000.0,
-                    decision: if ["proxied", CLIENT_CLOSED, CLIENT_TIMEOUT].contains(&outcome) {
-                        "admitted"
-                    } else {
-                        outcome
-                    },
-                },
-            );
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use pingora::protocols::http::v1::client::HttpSession;
-
-    /// pingora's own error for a request head written into a connection the upstream has reset
-    /// (as an instance does that closes its listener with the connection queued) is one that
-    /// sent nothing; an error on the body is not.
-    #[tokio::test]
-    async fn a_head_written_into_a_reset_connection_was_not_sent() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (accepted, _) = listener.accept().await.unwrap();
-        accepted.set_zero_linger().unwrap();
-        drop(accepted);
-        // Returns once the reset has arrived.
-        assert!(client.peek(&mut [0u8; 1]).await.is_err());
-        let stream: pingora::protocols::l4::stream::Stream = client.into();
-        let mut session = HttpSession::new(Box::new(stream));
-        let head = RequestHeader::build("GET", b"/v1/store/orders/1", None).unwrap();
-        let e = session
-            .write_request_header(Box::new(head))
-            .await
-            .unwrap_err();
-        assert!(request_head_unsent(&e), "{e}");
-        assert!(!request_head_unsent(&Error::explain(
-            ErrorType::WriteError,
-            "while writing body"
-        )));
+        outcome::record(session, e, ctx);
     }
 }
