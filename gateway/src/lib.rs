@@ -9,6 +9,7 @@ pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod auth;
+mod background;
 pub mod bans;
 pub mod client;
 pub mod client_stream;
@@ -33,6 +34,7 @@ pub mod plans;
 pub mod proxy;
 pub mod redis_conn;
 pub mod redis_keys;
+mod reload;
 pub mod request_id;
 pub mod request_line;
 mod retries;
@@ -47,7 +49,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -56,12 +58,13 @@ use pingora::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 use tokio::sync::Mutex;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 pub use config::GatewayConfig;
 pub use key_store::KeyStore;
 pub use keyring::KeySource;
 pub use keys::{KeyError, KeyRecord, NewKey};
+pub use reload::Reload;
 pub use settings::Settings;
 pub use tls::TlsError;
 
@@ -70,9 +73,11 @@ use redis_conn::{RedisError, RedisHub};
 use redis_keys::RedisKeyStore;
 use store::{EmbeddedStore, LimitStore, RedisStore};
 
+use background::{Snapshots, UpstreamHealth};
 use connections::{Connections, Port};
 use pingora::listeners::ListenerConfig;
 use pingora::protocols::l4::stream::L4BufferSettings;
+use reload::Reloads;
 
 /// Time pingora gives its runtimes to finish after the grace period.
 const RUNTIME_SHUTDOWN_SECONDS: u64 = 5;
@@ -124,10 +129,6 @@ pub enum StartError {
         source: std::io::Error,
     },
 }
-
-/// How often the embedded store's snapshot is written: at most this much of the counts is lost
-/// to a SIGKILL.
-const SNAPSHOT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The key store of these settings: Redis when configured, else the data directory's file.
 pub fn key_source(settings: &Settings, data_dir: &Path) -> Result<KeySource, StartError> {
@@ -301,170 +302,6 @@ pub fn check_listeners(settings: &Settings) -> Result<(), StartError> {
         held.push(listener);
     }
     Ok(())
-}
-
-/// Writes the embedded store's snapshot every [`SNAPSHOT_INTERVAL`].
-struct Snapshots(Arc<LimitStore>);
-
-#[async_trait]
-impl pingora::services::background::BackgroundService for Snapshots {
-    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        if !matches!(*self.0, LimitStore::Embedded(_)) {
-            return;
-        }
-        let mut tick = tokio::time::interval(SNAPSHOT_INTERVAL);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => {
-                    let store = self.0.clone();
-                    // File I/O off the runtime's threads.
-                    let _ = tokio::task::spawn_blocking(move || store.persist()).await;
-                }
-            }
-        }
-    }
-}
-
-/// How a running gateway reloads: the SIGHUPs, and a way to read the configuration file again
-/// (with the same command-line overrides) into validated settings.
-pub struct Reload {
-    /// Moves on every SIGHUP.
-    pub signal: watch::Receiver<u64>,
-    /// Reads and validates the configuration file again; the error says what and where.
-    pub reread: Box<dyn Fn() -> Result<Settings, String> + Send + Sync>,
-}
-
-/// Re-reads what a `SIGHUP` asks for: the configuration file (routes, upstreams, plans, bans,
-/// deprecations, timeouts, CORS, body and header limits) and the TLS certificate. The new
-/// configuration is validated whole and swapped in atomically; a file with any error changes
-/// nothing, is logged with what and where, and is counted. Requests in flight finish with the
-/// configuration they started with; connections stay open; counts stay in the limit store.
-struct Reloads {
-    reload: Reload,
-    certificate: Option<Arc<tls::CertResolver>>,
-    live: Arc<ArcSwap<Settings>>,
-    keyring: Arc<keyring::Keyring>,
-    limits: Arc<LimitStore>,
-}
-
-#[async_trait]
-impl pingora::services::background::BackgroundService for Reloads {
-    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        let mut signal = self.reload.signal.clone();
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                changed = signal.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    self.reload().await;
-                }
-            }
-        }
-    }
-}
-
-impl Reloads {
-    async fn reload(&self) {
-        let fresh = (self.reload.reread)();
-        let fresh = fresh.and_then(|fresh| {
-            let certificate = match &self.certificate {
-                Some(c) => c.reload().map_err(|e| format!("TLS: {e}")),
-                None => Ok(()),
-            };
-            certificate.map(|()| fresh)
-        });
-        match fresh {
-            Ok(mut fresh) => {
-                let old = self.live.load_full();
-                keep_restart_only(&old, &mut fresh);
-                fresh.routes = fresh.routes.keeping_pools_of(&old.routes);
-                self.keyring.set_plans(fresh.plans.clone()).await;
-                if let LimitStore::Embedded(store) = &*self.limits {
-                    store.set_bans(fresh.bans);
-                }
-                self.live.store(Arc::new(fresh));
-                metrics::RELOADS.with_label_values(&["ok"]).inc();
-                log::info!("gateway: SIGHUP: configuration reloaded");
-            }
-            Err(e) => {
-                metrics::RELOADS.with_label_values(&["error"]).inc();
-                log::error!(
-                    "gateway: SIGHUP: the configuration was refused, the previous one stays in force: {e}"
-                );
-            }
-        }
-    }
-}
-
-/// Settings a running gateway cannot change (its listeners, threads, stores): kept from `old`,
-/// with a warning if the file changed them.
-fn keep_restart_only(old: &Settings, fresh: &mut Settings) {
-    let mut ignored = Vec::new();
-    if fresh.listen != old.listen || fresh.admin_listen != old.admin_listen {
-        ignored.push("listen, admin_listen");
-    }
-    if fresh.threads != old.threads {
-        ignored.push("threads");
-    }
-    if fresh.tls.as_ref().map(|t| t.0) != old.tls.as_ref().map(|t| t.0) {
-        ignored.push("tls.listen");
-    }
-    if fresh.redis.as_ref().map(|r| &r.target) != old.redis.as_ref().map(|r| &r.target) {
-        ignored.push("redis");
-    }
-    if fresh.auth_failures_per_minute != old.auth_failures_per_minute
-        || fresh.key_refresh != old.key_refresh
-    {
-        ignored.push("auth_failures_per_minute, key_refresh_ms");
-    }
-    if !ignored.is_empty() {
-        log::warn!(
-            "gateway: SIGHUP: {} take effect only at a restart; the running values stay",
-            ignored.join(", ")
-        );
-    }
-    fresh.listen = old.listen;
-    fresh.admin_listen = old.admin_listen;
-    fresh.threads = old.threads;
-    fresh.tls = old.tls.clone();
-    fresh.redis = old.redis.clone();
-    fresh.auth_failures_per_minute = old.auth_failures_per_minute;
-    fresh.key_refresh = old.key_refresh;
-}
-
-/// How often the health loop looks at the interval in force, so a reload's new
-/// `health_check_interval_ms` applies without waiting out the old one.
-const HEALTH_CHECK_POLL: Duration = Duration::from_millis(100);
-
-/// Health-checks the instances of every route's pool in the configuration in force (a reload
-/// brings new pools, checked from the next round), every `health_check_interval_ms`, and
-/// publishes which instances are in the rotation in `/metrics`.
-struct UpstreamHealth(Arc<ArcSwap<Settings>>);
-
-#[async_trait]
-impl pingora::services::background::BackgroundService for UpstreamHealth {
-    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        loop {
-            let round = Instant::now();
-            let settings = self.0.load_full();
-            for route in settings.routes.iter() {
-                if let routes::Upstream::Pool(pool) = &route.upstream {
-                    pool.check().await;
-                    route.publish_rotation();
-                }
-            }
-            drop(settings);
-            while round.elapsed() < self.0.load().health_check_every {
-                tokio::select! {
-                    _ = shutdown.changed() => return,
-                    _ = tokio::time::sleep(HEALTH_CHECK_POLL) => {}
-                }
-            }
-        }
-    }
 }
 
 /// Unix milliseconds now.
