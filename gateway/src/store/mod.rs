@@ -12,6 +12,7 @@
 
 pub mod embedded;
 pub mod redis;
+mod redis_reply;
 
 pub use embedded::EmbeddedStore;
 pub use redis::{Fallback, RedisStore};
