@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use animal_store_gateway::auth::authorize;
 use animal_store_gateway::bans::BanPolicy;
-use animal_store_gateway::headers::{self, HeaderCase, RateHeaders};
+use animal_store_gateway::headers::{self, HeaderCase};
 use animal_store_gateway::keys::{KeyId, KeyRecord, KeySet, generate, hash_key};
 use animal_store_gateway::limits::Limiter;
 use animal_store_gateway::plans::{Limits, Plans};
+use animal_store_gateway::rate_headers::{self, RateHeaders};
 use animal_store_gateway::store::embedded::EmbeddedStore;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use pingora::http::ResponseHeader;
@@ -414,7 +415,7 @@ fn headers(c: &mut Criterion) {
         limit: 300,
         remaining: 297,
         reset_ms: 1_795_341_660_000,
-        policy: headers::key_policy(Limits {
+        policy: rate_headers::key_policy(Limits {
             per_minute: 300,
             per_day: 10_000,
         }),
@@ -443,7 +444,7 @@ fn headers(c: &mut Criterion) {
             b.iter(|| {
                 let mut r = ResponseHeader::build(200, Some(8)).unwrap();
                 headers::with_response_headers(&mut r, case, http2, |h| {
-                    headers::insert_rate_headers(h, black_box(&rate), 1_795_341_618_000)
+                    rate_headers::insert(h, black_box(&rate), 1_795_341_618_000)
                 })
                 .unwrap();
                 wire.clear();

@@ -9,8 +9,8 @@ use animal_store_contract::ErrorCode;
 
 use crate::cors::Cors;
 use crate::deprecation::Deprecation;
-use crate::headers::RateHeaders;
 use crate::keys::ActiveKey;
+use crate::rate_headers::RateHeaders;
 use crate::request_id::RequestId;
 use crate::routes::Route;
 use crate::settings::Settings;

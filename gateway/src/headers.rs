@@ -1,7 +1,8 @@
 //! The headers on every response of the public listener: `X-RateLimit-*`, the IETF draft
 //! `RateLimit-Policy` and `RateLimit` fields, `X-Request-Id`, and a deprecated operation's
 //! `Deprecation`, `Sunset` and `Link`. One function decorates proxied responses and the
-//! gateway's own alike, so they cannot differ.
+//! gateway's own alike, so they cannot differ; what the rate-limit fields say is
+//! [`crate::rate_headers`]'s.
 //!
 //! How their names are written on HTTP/1.1 is `gateway.header_case` ([`HeaderCase`]).
 
@@ -10,74 +11,10 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use serde::Deserialize;
 
-use crate::auth::Budget;
 use crate::client::Forwarded;
 use crate::context::Ctx;
-use crate::limits::{Decision, Quota, ceil_secs};
-use crate::plans::Limits;
+use crate::rate_headers;
 use crate::request_id::RequestId;
-
-/// What a response says about the caller's limits.
-#[derive(Debug, Clone)]
-pub struct RateHeaders {
-    /// Draft policy name of the window described (`minute`, `day`, `failed-auth`).
-    pub name: &'static str,
-    /// `X-RateLimit-Limit`.
-    pub limit: u64,
-    /// `X-RateLimit-Remaining`.
-    pub remaining: u64,
-    /// Reset, Unix milliseconds.
-    pub reset_ms: u64,
-    /// `RateLimit-Policy`, rendered once per key.
-    pub policy: HeaderValue,
-}
-
-impl RateHeaders {
-    /// For a key's request, from the limiter's decision.
-    pub fn for_key(decision: &Decision, policy: &HeaderValue) -> RateHeaders {
-        Self::for_quota(&decision.quota, policy)
-    }
-
-    /// For a key, describing `quota`.
-    pub fn for_quota(quota: &Quota, policy: &HeaderValue) -> RateHeaders {
-        RateHeaders {
-            name: quota.name,
-            limit: quota.limit,
-            remaining: quota.remaining,
-            reset_ms: quota.reset_ms,
-            policy: policy.clone(),
-        }
-    }
-
-    /// For an unauthenticated request: the client address's failed-authentication budget.
-    pub fn for_address(budget: &Budget, policy: &HeaderValue) -> RateHeaders {
-        RateHeaders {
-            name: FAILED_AUTH,
-            limit: budget.limit.into(),
-            remaining: budget.remaining.into(),
-            reset_ms: budget.reset_ms,
-            policy: policy.clone(),
-        }
-    }
-}
-
-/// Draft policy name of the failed-authentication budget.
-pub const FAILED_AUTH: &str = "failed-auth";
-
-/// The `RateLimit-Policy` value for a key with `limits`.
-pub fn key_policy(limits: Limits) -> HeaderValue {
-    let text = format!(
-        "\"minute\";q={};w=60, \"day\";q={};w=86400",
-        limits.per_minute, limits.per_day
-    );
-    HeaderValue::try_from(text).expect("digits and quotes are valid header text")
-}
-
-/// The `RateLimit-Policy` value for the failed-authentication budget.
-pub fn address_policy(per_minute: u32) -> HeaderValue {
-    HeaderValue::try_from(format!("\"{FAILED_AUTH}\";q={per_minute};w=60"))
-        .expect("valid header text")
-}
 
 /// A piece of a value the gateway writes, each header text by its type: text of its own, a
 /// number's digits, a request's id, a forwarded chain. Lines write pieces where they go, with
@@ -122,22 +59,10 @@ fn write_pieces(pieces: &[Piece], out: &mut impl BufMut) {
     }
 }
 
-/// The draft `RateLimit` value, `"<policy>";r=<remaining>;t=<seconds>`.
-fn rate_limit_field(name: &'static str, remaining: u64, seconds_left: u64) -> [Piece<'static>; 6] {
-    [
-        Piece::Text("\""),
-        Piece::Text(name),
-        Piece::Text("\";r="),
-        Piece::Number(remaining),
-        Piece::Text(";t="),
-        Piece::Number(seconds_left),
-    ]
-}
-
 /// `pieces` as a header value, marked as unique to its response if `is_unique` (see
 /// [`Headers::insert_pieces`]). Written on the stack if it surely fits, as the values of the
 /// map path do, so the value is its one allocation.
-fn value_of(pieces: &[Piece], is_unique: bool) -> HeaderValue {
+pub(crate) fn value_of(pieces: &[Piece], is_unique: bool) -> HeaderValue {
     let mut stack = [0u8; 128];
     let fits = pieces
         .iter()
@@ -464,28 +389,6 @@ fn own_values(map: &mut HeaderMap) {
     }
 }
 
-/// Adds the rate-limit headers `rate` describes, at `now_ms`.
-pub fn insert_rate_headers(headers: &mut Headers, rate: &RateHeaders, now_ms: u64) {
-    headers.insert_pieces(&X_RATELIMIT_LIMIT, &[Piece::Number(rate.limit)], false);
-    headers.insert_pieces(
-        &X_RATELIMIT_REMAINING,
-        &[Piece::Number(rate.remaining)],
-        true,
-    );
-    headers.insert_pieces(
-        &X_RATELIMIT_RESET,
-        &[Piece::Number(ceil_secs(rate.reset_ms))],
-        false,
-    );
-    headers.insert(&RATELIMIT_POLICY, rate.policy.clone());
-    let seconds_left = ceil_secs(rate.reset_ms.saturating_sub(now_ms));
-    headers.insert_pieces(
-        &RATELIMIT,
-        &rate_limit_field(rate.name, rate.remaining, seconds_left),
-        true,
-    );
-}
-
 /// Adds the limit, identity, deprecation and CORS headers of the request in `ctx` to a response
 /// going to the client over HTTP/2 if `http2`, else over HTTP/1.
 ///
@@ -500,7 +403,7 @@ pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx, http2: bool) -> pingor
             own_values(map);
         }
         if let Some(rate) = &ctx.rate {
-            insert_rate_headers(headers, rate, ctx.now_ms);
+            rate_headers::insert(headers, rate, ctx.now_ms);
         }
         headers.insert_pieces(&X_REQUEST_ID, &[Piece::Id(&ctx.request_id)], true);
     })?;
@@ -518,6 +421,7 @@ pub fn decorate(response: &mut ResponseHeader, ctx: &Ctx, http2: bool) -> pingor
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rate_headers::RateHeaders;
 
     #[test]
     fn every_name_is_parsed_from_its_documented_text() {
@@ -727,14 +631,6 @@ mod tests {
         let max = value_of(&[Piece::Number(u64::MAX)], true);
         assert_eq!(max, u64::MAX.to_string().as_str());
         assert!(max.is_sensitive());
-        assert_eq!(
-            value_of(&rate_limit_field("minute", 59, 42), true),
-            "\"minute\";r=59;t=42"
-        );
-        assert_eq!(
-            value_of(&rate_limit_field(FAILED_AUTH, u64::MAX, 0), true),
-            format!("\"failed-auth\";r={};t=0", u64::MAX).as_str()
-        );
         // A value with no bound on its length (a trusted proxy's chain) is written on the heap.
         let chain = vec!["203.0.113.9"; 40].join(", ");
         let received = HeaderValue::from_str(&chain).unwrap();

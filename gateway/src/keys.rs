@@ -404,7 +404,7 @@ impl KeySet {
                         id,
                         plan,
                         limits,
-                        policy: crate::headers::key_policy(limits),
+                        policy: crate::rate_headers::key_policy(limits),
                         id_header,
                         counters,
                         expires_ms: record.expires.map(|e| e * 1000),

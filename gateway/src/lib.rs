@@ -32,6 +32,7 @@ pub mod pages;
 pub mod pipeline;
 pub mod plans;
 pub mod proxy;
+pub mod rate_headers;
 pub mod redis_conn;
 pub mod redis_keys;
 mod reload;

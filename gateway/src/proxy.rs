@@ -61,6 +61,7 @@ use crate::lingering;
 use crate::metrics;
 use crate::outcome;
 use crate::pages;
+use crate::rate_headers;
 use crate::retries;
 use crate::settings::Settings;
 use crate::store::LimitStore;
@@ -111,7 +112,7 @@ impl Gateway {
         Gateway {
             limits,
             failures: FailureBudget::new(settings.auth_failures_per_minute),
-            address_policy: headers::address_policy(settings.auth_failures_per_minute),
+            address_policy: rate_headers::address_policy(settings.auth_failures_per_minute),
             live,
             keys,
         }
