@@ -11,8 +11,9 @@
 //! `tests/limit_stores.rs` runs one table of cases against both.
 
 pub mod embedded;
+pub mod limits_file;
 pub mod redis;
-mod redis_reply;
+pub mod redis_reply;
 
 pub use embedded::EmbeddedStore;
 pub use redis::{Fallback, RedisStore};
