@@ -150,7 +150,7 @@ impl RedisKeyStore {
         ))
     }
 
-    /// Writes back `records` that Redis no longer has (see [`RESTORE`]); returns how many it
+    /// Writes back `records` that Redis no longer has (see `RESTORE`); returns how many it
     /// wrote.
     pub async fn restore(&self, records: &[KeyRecord]) -> Result<u64, KeyError> {
         let script = redis::Script::new(RESTORE);

@@ -13,9 +13,9 @@
 //!
 //! Each shard is a table under its own mutex, so decisions of different shards never wait for
 //! each other. A shard's slots are one array, which from 2 MiB on is in transparent huge pages
-//! ([`crate::slot_memory`]): a million keys fill 32 shards' arrays of about 2.4 MiB each, and a
+//! (`slot_memory.rs`): a million keys fill 32 shards' arrays of about 2.4 MiB each, and a
 //! decision among them no longer waits for a page walk as well as for its slot. A pass over every
-//! key ([`StateTable::retain`]) holds a shard for at most [`WINDOW`] slots at a time, so however
+//! key ([`StateTable::retain`]) holds a shard for at most `WINDOW` slots at a time, so however
 //! large a shard is, a decision waits for a pass only briefly. A shard that grows or shrinks
 //! makes its new slots with the lock let go, and holds it only while its keys move in. A pass
 //! grows a shard it finds nearly full, so that keys arriving at an everyday pace never make a
@@ -47,7 +47,7 @@ const MARKS: (u8, u8) = (1, 2);
 /// A shard's slots when it is first used.
 const FIRST_CAPACITY: usize = 8;
 
-/// A table of `V` by 64-bit key, in [`SHARDS`] shards.
+/// A table of `V` by 64-bit key, in `SHARDS` shards.
 pub struct StateTable<V> {
     shards: Box<[Mutex<Shard<V>>]>,
     /// Held by a pass ([`StateTable::retain`]) from start to end.

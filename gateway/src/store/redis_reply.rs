@@ -1,5 +1,5 @@
 //! What the Redis store hears from Redis: the limits script's reply, read as the decision, and
-//! where it leaves the key ([`Heard`]), which the store keeps so that its fallback can start a
+//! where it leaves the key (`Heard`), which the store keeps so that its fallback can start a
 //! key from there when Redis goes away (see [`super::redis`]).
 
 use std::num::NonZeroU64;
