@@ -5,7 +5,7 @@
 
 use animal_store_backend::models;
 use animal_store_gateway::auth::authorize;
-use animal_store_gateway::keys::KeySet;
+use animal_store_gateway::key_set::KeySet;
 use animal_store_gateway::routes::normalize_path;
 use libfuzzer_sys::fuzz_target;
 

@@ -20,7 +20,7 @@ use crate::context::Ctx;
 use crate::cors::{self, CorsPolicy};
 use crate::errors::{GatewayError, respond};
 use crate::headers;
-use crate::keys::ActiveKey;
+use crate::key_set::ActiveKey;
 use crate::limits::{Verdict, ceil_secs};
 use crate::metrics;
 use crate::pages;

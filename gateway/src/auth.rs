@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use pingora_limits::rate::Rate;
 
-use crate::keys::{ActiveKey, KeySet};
+use crate::key_set::{ActiveKey, KeySet};
 use crate::limits::MINUTE_MS;
 
 /// Why a request is not authenticated.

@@ -9,7 +9,7 @@ use animal_store_contract::ErrorCode;
 
 use crate::cors::Cors;
 use crate::deprecation::Deprecation;
-use crate::keys::ActiveKey;
+use crate::key_set::ActiveKey;
 use crate::rate_headers::RateHeaders;
 use crate::request_id::RequestId;
 use crate::routes::Route;

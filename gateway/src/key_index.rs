@@ -1,4 +1,4 @@
-//! The index of usable keys by id ([`crate::keys::KeySet`]): one slot per key in an open-addressed
+//! The index of usable keys by id ([`crate::key_set::KeySet`]): one slot per key in an open-addressed
 //! table, so that a lookup among many keys reads one line of the index from memory, not a map's
 //! control bytes and then its bucket, and reads it while the presented key's SHA-256 is computed.
 //!

@@ -175,7 +175,7 @@ impl KeyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::KeySet;
+    use crate::key_set::KeySet;
     use crate::plans::Limits;
 
     fn plans() -> Plans {

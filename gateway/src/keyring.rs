@@ -20,8 +20,9 @@ use futures_util::FutureExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
+use crate::key_set::KeySet;
 use crate::key_store::KeyStore;
-use crate::keys::{KeyError, KeyId, KeyRecord, KeySet, NewKey, new_key, revoke_in, rotate_in};
+use crate::keys::{KeyError, KeyId, KeyRecord, NewKey, new_key, revoke_in, rotate_in};
 use crate::metrics;
 use crate::plans::Plans;
 use crate::redis_keys::RedisKeyStore;

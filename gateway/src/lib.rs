@@ -21,6 +21,7 @@ pub mod deprecation;
 pub mod errors;
 pub mod headers;
 pub mod key_index;
+pub mod key_set;
 pub mod key_store;
 pub mod keyring;
 pub mod keys;

@@ -16,7 +16,7 @@ use pingora_proxy::Session;
 use crate::context::Ctx;
 use crate::cors::{Cors, CorsPolicy};
 use crate::errors::send;
-use crate::keys::ActiveKey;
+use crate::key_set::ActiveKey;
 use crate::limits::{Quota, ceil_secs};
 
 /// A page anyone may read: no key, nothing counted.
