@@ -62,7 +62,8 @@ impl TestCa {
             .collect::<Result<Vec<_>, _>>()
             .unwrap();
         let key = PrivateKeyDer::from_pem_file(&key).unwrap();
-        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        // The process's crypto provider, as the gateway installs it (pingora's, on ring).
+        pingora::tls::install_default_crypto_provider();
         let config = tokio_rustls::rustls::ServerConfig::builder()
             .with_no_client_auth()
             .with_single_cert(certs, key)
@@ -94,7 +95,8 @@ impl TestCa {
     ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
         use rustls_pki_types::CertificateDer;
         use rustls_pki_types::pem::PemObject;
-        let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        // The process's crypto provider, as the gateway installs it (pingora's, on ring).
+        pingora::tls::install_default_crypto_provider();
         let mut roots = tokio_rustls::rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(self.pem().as_bytes()) {
             roots.add(cert.unwrap()).unwrap();
