@@ -8,14 +8,18 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+/// The TOML file at `path`, parsed.
+fn toml_file(path: &Path) -> toml::Table {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.parse()
+        .unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+}
+
 /// The `[patch.crates-io]` entries of the manifest at `manifest`: crate name to the vendored
 /// directory it points at, resolved against the manifest's own directory.
 fn patches(manifest: &Path) -> BTreeMap<String, PathBuf> {
-    let text = std::fs::read_to_string(manifest)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", manifest.display()));
-    let parsed: toml::Table = text
-        .parse()
-        .unwrap_or_else(|e| panic!("parsing {}: {e}", manifest.display()));
+    let parsed = toml_file(manifest);
     let dir = manifest.parent().expect("a manifest is in a directory");
     let Some(entries) = parsed
         .get("patch")
@@ -58,11 +62,7 @@ fn the_fuzz_workspace_patches_the_crates_the_root_patches_with_the_same_sources(
 
 /// The packages a `Cargo.lock` pins: name to the versions of it (a crate may be there twice).
 fn locked(lock: &Path) -> BTreeMap<String, Vec<String>> {
-    let text =
-        std::fs::read_to_string(lock).unwrap_or_else(|e| panic!("reading {}: {e}", lock.display()));
-    let parsed: toml::Table = text
-        .parse()
-        .unwrap_or_else(|e| panic!("parsing {}: {e}", lock.display()));
+    let parsed = toml_file(lock);
     let mut packages: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for package in parsed
         .get("package")
