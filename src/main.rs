@@ -65,6 +65,8 @@ fn raise_open_files_limit() {
 fn main() -> anyhow::Result<()> {
     tune_allocator();
     logging::init();
+    // Before pingora, which would install ring's, without the post-quantum key exchange.
+    animal_store_gateway::tls::install_crypto_provider();
     let cli = Cli::parse();
     let overrides = &cli.overrides;
     let command = cli.command.unwrap_or(Command::Serve);

@@ -143,6 +143,59 @@ async fn https_over_http2_and_http1_answers_exactly_as_plain_http() {
     assert_eq!(h1, plain, "HTTP/1.1 over TLS");
 }
 
+/// The gateway agrees on the hybrid post-quantum key exchange with a client that offers it first,
+/// as browsers do, and on a classic group with one that offers only classic groups, serving a GET
+/// over each; a client whose only group the gateway does not offer is refused in the handshake.
+#[tokio::test]
+async fn post_quantum_key_exchange_is_agreed_first_and_classic_groups_still_serve() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::NamedGroup;
+    use tokio_rustls::rustls::crypto::aws_lc_rs::{DEFAULT_KX_GROUPS, kx_group};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let (stack, tls) = tls_stack(dir.path(), &cert, &key);
+    let api_key = stack.key(&["--plan", "pro"]);
+    let request = format!(
+        "GET /v1/pets HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {api_key}\r\nConnection: close\r\n\r\n"
+    );
+    for (offered, agreed) in [
+        (DEFAULT_KX_GROUPS, NamedGroup::X25519MLKEM768),
+        (
+            &[kx_group::X25519, kx_group::SECP256R1][..],
+            NamedGroup::X25519,
+        ),
+        (&[kx_group::SECP384R1][..], NamedGroup::secp384r1),
+    ] {
+        let mut s = ca
+            .connect_offering(tls, b"http/1.1", offered)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_ref()
+                .1
+                .negotiated_key_exchange_group()
+                .map(|g| g.name()),
+            Some(agreed)
+        );
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+            .await
+            .expect("answered and closed")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{agreed:?}: {answer}");
+    }
+    let refused = ca
+        .connect_offering(tls, b"http/1.1", &[kx_group::MLKEM1024])
+        .await;
+    assert!(
+        refused.is_err(),
+        "MLKEM1024 alone is not among the gateway's groups"
+    );
+}
+
 /// Large bodies cross HTTP/2 whole, many streams at a time on one connection: 100 creates at
 /// once, then the docs page's 2.3 MB script (served by the gateway itself) and full pages of 100
 /// pets with 100-character names (the upstream's), each as plain HTTP gives them. The vendored

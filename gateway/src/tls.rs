@@ -1,10 +1,18 @@
 //! TLS termination on the public listener (`--tls-listen`, `[gateway.tls]`): keys never cross a
 //! network in clear.
 //!
-//! rustls, through pingora's own TLS listener, rather than OpenSSL: it is memory-safe, needs no
-//! C library built or installed beside it, speaks only TLS 1.2 and 1.3 with AEAD cipher suites
-//! and forward secrecy (nothing to switch off), and its certificate resolver lets `SIGHUP` swap
-//! the certificate for new handshakes while established connections go on undisturbed.
+//! rustls, through pingora's own TLS listener, rather than OpenSSL: its protocol code is
+//! memory-safe, it speaks only TLS 1.2 and 1.3 with AEAD cipher suites and forward secrecy
+//! (nothing to switch off), and its certificate resolver lets `SIGHUP` swap the certificate for
+//! new handshakes while established connections go on undisturbed.
+//!
+//! Its cryptography is aws-lc-rs (AWS's BoringSSL descendant, built with the binary: no system
+//! library), not the ring that pingora installs: of rustls's two providers only aws-lc-rs has
+//! the hybrid post-quantum key exchange X25519MLKEM768, which current browsers and TLS libraries
+//! offer first, so that traffic recorded today cannot be read by a quantum computer later.
+//! rustls takes the first group of the client's list that it has, so a client that does not
+//! offer it gets X25519 or an ECDHE curve, as before, with no extra round trip
+//! ([`install_crypto_provider`]).
 //!
 //! Certificates are checked when loaded, so a bad file is a clear error at start (and in
 //! `check-config`) naming the file: missing or unreadable, no PEM certificate or key in it, a
@@ -19,6 +27,7 @@ use arc_swap::ArcSwap;
 use pingora::listeners::tls::TlsSettings;
 use pingora::tls::sign::CertifiedKey;
 use pingora::tls::{CertificateDer, ClientHello, PrivateKeyDer, ResolvesServerCert};
+use rustls::crypto::CryptoProvider;
 use rustls_pki_types::pem::{self, PemObject};
 
 /// The certificate chain and key files of the TLS listener.
@@ -72,8 +81,8 @@ pub fn load(files: &TlsFiles, now: SystemTime) -> Result<Arc<CertifiedKey>, TlsE
             format!("no PEM private key in it: {}", pem_problem(e)),
         )
     })?;
-    pingora::tls::install_default_crypto_provider();
-    let provider = pingora::tls::CryptoProvider::get_default().expect("installed just above");
+    install_crypto_provider();
+    let provider = CryptoProvider::get_default().expect("installed just above");
     let signer = provider
         .key_provider
         .load_private_key(key)
@@ -89,6 +98,19 @@ pub fn load(files: &TlsFiles, now: SystemTime) -> Result<Arc<CertifiedKey>, TlsE
         )
     })?;
     Ok(Arc::new(certified))
+}
+
+/// Makes rustls on aws-lc-rs the process's TLS cryptography, with its default key exchange
+/// groups: X25519MLKEM768 first, then SECP384R1, X25519 and SECP256R1. pingora builds the
+/// listener's configuration, and its upstream connector, from the process's provider, and
+/// installs ring's only if none is installed yet, so this must run before pingora does: the
+/// binary calls it first in `main`, and [`load`] calls it before it reads a key.
+///
+/// Does nothing if a provider is installed already (this one, or one a program embedding the
+/// gateway chose).
+pub fn install_crypto_provider() {
+    // An error only says that a provider was installed first.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
 /// What is wrong with a PEM file, in words: rustls-pki-types shows the lines it quotes as lists

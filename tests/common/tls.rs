@@ -62,8 +62,8 @@ impl TestCa {
             .collect::<Result<Vec<_>, _>>()
             .unwrap();
         let key = PrivateKeyDer::from_pem_file(&key).unwrap();
-        // The process's crypto provider, as the gateway installs it (pingora's, on ring).
-        pingora::tls::install_default_crypto_provider();
+        // The process's crypto provider, as the gateway installs it.
+        animal_store_gateway::tls::install_crypto_provider();
         let config = tokio_rustls::rustls::ServerConfig::builder()
             .with_no_client_auth()
             .with_single_cert(certs, key)
@@ -87,29 +87,50 @@ impl TestCa {
         self.connect(addr, b"http/1.1").await
     }
 
-    /// A raw TLS connection to `addr` trusting only this CA, offering only `alpn`.
+    /// A raw TLS connection to `addr` trusting only this CA, offering only `alpn`, with the
+    /// gateway's own provider's key exchange groups.
     pub async fn connect(
         &self,
         addr: std::net::SocketAddr,
         alpn: &[u8],
     ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+        use tokio_rustls::rustls::crypto::aws_lc_rs;
+        self.connect_offering(addr, alpn, aws_lc_rs::DEFAULT_KX_GROUPS)
+            .await
+            .unwrap()
+    }
+
+    /// A raw TLS connection to `addr` trusting only this CA, offering only `alpn` and the key
+    /// exchange groups `groups`, in that order (a key share for the first), on aws-lc-rs.
+    pub async fn connect_offering(
+        &self,
+        addr: std::net::SocketAddr,
+        alpn: &[u8],
+        groups: &[&'static dyn tokio_rustls::rustls::crypto::SupportedKxGroup],
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
         use rustls_pki_types::CertificateDer;
         use rustls_pki_types::pem::PemObject;
-        // The process's crypto provider, as the gateway installs it (pingora's, on ring).
-        pingora::tls::install_default_crypto_provider();
+        use tokio_rustls::rustls::crypto::{CryptoProvider, aws_lc_rs};
         let mut roots = tokio_rustls::rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(self.pem().as_bytes()) {
             roots.add(cert.unwrap()).unwrap();
         }
-        let mut config = tokio_rustls::rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let provider = CryptoProvider {
+            kx_groups: groups.to_vec(),
+            ..aws_lc_rs::default_provider()
+        };
+        let mut config = tokio_rustls::rustls::ClientConfig::builder_with_provider(
+            std::sync::Arc::new(provider),
+        )
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
         config.alpn_protocols = vec![alpn.to_vec()];
-        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
         tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
             .connect("localhost".try_into().unwrap(), tcp)
             .await
-            .unwrap()
     }
 
     /// An HTTPS client trusting only this CA; `http1` keeps it from offering HTTP/2.
