@@ -544,12 +544,19 @@ async fn sighup_swaps_the_certificate_without_dropping_connections() {
 }
 
 /// A route with `tls = true` reaches its upstream over HTTPS, verified against the configured
-/// CA; an upstream whose certificate the CA did not sign gets 502, never a silent pass.
+/// CA, with the post-quantum key exchange when the upstream has it and without a second
+/// ClientHello when it has not; an upstream whose
+/// certificate the CA did not sign gets 502, never a silent pass.
 #[tokio::test]
 async fn a_route_with_tls_speaks_https_to_its_upstream_and_verifies_it() {
     let dir = tempfile::tempdir().unwrap();
     let (ca, stranger) = (TestCa::new(), TestCa::new());
     let trusted = common::TestUpstream::start_tls(ca.acceptor(dir.path())).await;
+    // An upstream on rustls with ring, which has no post-quantum group and, as every rustls
+    // server, takes the first group of the client's list it has.
+    #[allow(deprecated)]
+    let ring = std::sync::Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let classic = common::TestUpstream::start_tls(ca.acceptor_on(dir.path(), ring)).await;
     let unknown = common::TestUpstream::start_tls(stranger.acceptor(dir.path())).await;
     let ca_file = ca.write_pem(dir.path());
     let route = |prefix: &str, addr: SocketAddr| {
@@ -561,9 +568,10 @@ async fn a_route_with_tls_speaks_https_to_its_upstream_and_verifies_it() {
     let stack = Stack::start_with_text(
         dir.path(),
         &format!(
-            "{}{}{}",
+            "{}{}{}{}",
             common::PETS_ROUTE,
             route("/v1/secure", trusted.addr),
+            route("/v1/classic", classic.addr),
             route("/v1/impostor", unknown.addr)
         ),
     );
@@ -574,6 +582,15 @@ async fn a_route_with_tls_speaks_https_to_its_upstream_and_verifies_it() {
     let echo: serde_json::Value = r.json().await.unwrap();
     assert_eq!(echo["path"], "/v1/secure/orders");
     assert_eq!(trusted.hits(), 1);
+    // The gateway's connector offers the post-quantum group first too, and this upstream has it;
+    // one without it finds X25519 next, whose key share came with the first ClientHello.
+    assert_eq!(
+        trusted.key_exchange_groups(),
+        ["Some(X25519MLKEM768) Some(Full)"]
+    );
+    let r = stack.get(&c, "/v1/classic/orders", &key).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(classic.key_exchange_groups(), ["Some(X25519) Some(Full)"]);
     assert_error(
         stack.get(&c, "/v1/impostor/x", &key).await,
         502,

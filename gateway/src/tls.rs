@@ -27,7 +27,8 @@ use arc_swap::ArcSwap;
 use pingora::listeners::tls::TlsSettings;
 use pingora::tls::sign::CertifiedKey;
 use pingora::tls::{CertificateDer, ClientHello, PrivateKeyDer, ResolvesServerCert};
-use rustls::crypto::CryptoProvider;
+use rustls::crypto::aws_lc_rs::{self, kx_group};
+use rustls::crypto::{CryptoProvider, SupportedKxGroup};
 use rustls_pki_types::pem::{self, PemObject};
 
 /// The certificate chain and key files of the TLS listener.
@@ -100,17 +101,33 @@ pub fn load(files: &TlsFiles, now: SystemTime) -> Result<Arc<CertifiedKey>, TlsE
     Ok(Arc::new(certified))
 }
 
-/// Makes rustls on aws-lc-rs the process's TLS cryptography, with its default key exchange
-/// groups: X25519MLKEM768 first, then SECP384R1, X25519 and SECP256R1. pingora builds the
-/// listener's configuration, and its upstream connector, from the process's provider, and
-/// installs ring's only if none is installed yet, so this must run before pingora does: the
-/// binary calls it first in `main`, and [`load`] calls it before it reads a key.
+/// The key exchange groups offered, in order: the hybrid post-quantum one, then the classic
+/// ones in browsers' order. As a server, the gateway takes the first of the *client's* list that
+/// it has, so this order matters when it is the client (of its upstreams and of Redis): a
+/// client sends key shares for the first group and, since it is a hybrid, for X25519 too, and a
+/// server that chooses by the client's list (rustls does) must then find X25519 next, or it asks
+/// for a second ClientHello. rustls's own default puts SECP384R1 second.
+const KEY_EXCHANGE_GROUPS: [&dyn SupportedKxGroup; 4] = [
+    kx_group::X25519MLKEM768,
+    kx_group::X25519,
+    kx_group::SECP256R1,
+    kx_group::SECP384R1,
+];
+
+/// Makes rustls on aws-lc-rs the process's TLS cryptography, with [`KEY_EXCHANGE_GROUPS`].
+/// pingora builds the listener's configuration, and its upstream connector, from the process's
+/// provider, and installs ring's only if none is installed yet, so this must run before pingora
+/// does: the binary calls it first in `main`, and [`load`] calls it before it reads a key.
 ///
 /// Does nothing if a provider is installed already (this one, or one a program embedding the
 /// gateway chose).
 pub fn install_crypto_provider() {
+    let provider = CryptoProvider {
+        kx_groups: KEY_EXCHANGE_GROUPS.to_vec(),
+        ..aws_lc_rs::default_provider()
+    };
     // An error only says that a provider was installed first.
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let _ = provider.install_default();
 }
 
 /// What is wrong with a PEM file, in words: rustls-pki-types shows the lines it quotes as lists

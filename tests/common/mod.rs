@@ -586,6 +586,8 @@ pub struct TestUpstream {
     pub addr: SocketAddr,
     pub hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The key exchange group and handshake kind of each TLS connection accepted, in order.
+    groups: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     stop: tokio::sync::watch::Sender<bool>,
     /// Ends (`recv` gives `None`) when the listener and every connection are closed: each task
     /// holds a sender.
@@ -629,6 +631,8 @@ impl TestUpstream {
         let counter = hits.clone();
         let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let accepts = connections.clone();
+        let groups = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let agreed = groups.clone();
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let mut accept_stopped = stopped.clone();
         let (alive, running) = tokio::sync::mpsc::channel::<()>(1);
@@ -642,7 +646,7 @@ impl TestUpstream {
                     break;
                 };
                 accepts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let (counter, tls) = (counter.clone(), tls.clone());
+                let (counter, tls, agreed) = (counter.clone(), tls.clone(), agreed.clone());
                 let mut conn_stopped = stopped.clone();
                 let alive = alive.clone();
                 tokio::spawn(async move {
@@ -651,6 +655,13 @@ impl TestUpstream {
                             None => echo(stream, counter, delay).await,
                             Some(tls) => {
                                 if let Ok(stream) = tls.accept(stream).await {
+                                    let tls = stream.get_ref().1;
+                                    let group = tls.negotiated_key_exchange_group();
+                                    agreed.lock().unwrap().push(format!(
+                                        "{:?} {:?}",
+                                        group.map(|g| g.name()),
+                                        tls.handshake_kind()
+                                    ));
                                     echo(stream, counter, delay).await;
                                 }
                             }
@@ -670,9 +681,16 @@ impl TestUpstream {
             addr,
             hits,
             connections,
+            groups,
             stop,
             running: tokio::sync::Mutex::new(running),
         }
+    }
+
+    /// The key exchange group each TLS connection agreed on and how its handshake went, as
+    /// `Some(GROUP) Some(KIND)`, in order.
+    pub fn key_exchange_groups(&self) -> Vec<String> {
+        self.groups.lock().unwrap().clone()
     }
 
     pub fn hits(&self) -> usize {

@@ -52,8 +52,20 @@ impl TestCa {
         (cert_path, key_path)
     }
 
-    /// A TLS acceptor presenting a fresh leaf of this CA (for a test upstream).
+    /// A TLS acceptor presenting a fresh leaf of this CA (for a test upstream), on the process's
+    /// crypto provider, as the gateway installs it.
     pub fn acceptor(&self, dir: &Path) -> tokio_rustls::TlsAcceptor {
+        animal_store_gateway::tls::install_crypto_provider();
+        let provider = tokio_rustls::rustls::crypto::CryptoProvider::get_default().unwrap();
+        self.acceptor_on(dir, provider.clone())
+    }
+
+    /// As [`TestCa::acceptor`], on `provider`: an upstream with another TLS stack's choices.
+    pub fn acceptor_on(
+        &self,
+        dir: &Path,
+        provider: std::sync::Arc<tokio_rustls::rustls::crypto::CryptoProvider>,
+    ) -> tokio_rustls::TlsAcceptor {
         use rustls_pki_types::pem::PemObject;
         use rustls_pki_types::{CertificateDer, PrivateKeyDer};
         let (cert, key) = self.leaf(dir, "upstream", false);
@@ -62,9 +74,9 @@ impl TestCa {
             .collect::<Result<Vec<_>, _>>()
             .unwrap();
         let key = PrivateKeyDer::from_pem_file(&key).unwrap();
-        // The process's crypto provider, as the gateway installs it.
-        animal_store_gateway::tls::install_crypto_provider();
-        let config = tokio_rustls::rustls::ServerConfig::builder()
+        let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
             .with_no_client_auth()
             .with_single_cert(certs, key)
             .unwrap();
