@@ -143,12 +143,26 @@ async fn https_over_http2_and_http1_answers_exactly_as_plain_http() {
     assert_eq!(h1, plain, "HTTP/1.1 over TLS");
 }
 
+/// Writes `request` on `s` and reads the answer until the gateway closes the connection.
+async fn exchange(
+    s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    request: &[u8],
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// The gateway agrees on the hybrid post-quantum key exchange with a client that offers it first,
 /// as browsers do, and on a classic group with one that offers only classic groups, serving a GET
 /// over each; a client whose only group the gateway does not offer is refused in the handshake.
 #[tokio::test]
 async fn post_quantum_key_exchange_is_agreed_first_and_classic_groups_still_serve() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_rustls::rustls::NamedGroup;
     use tokio_rustls::rustls::crypto::aws_lc_rs::{DEFAULT_KX_GROUPS, kx_group};
     let dir = tempfile::tempdir().unwrap();
@@ -178,13 +192,7 @@ async fn post_quantum_key_exchange_is_agreed_first_and_classic_groups_still_serv
                 .map(|g| g.name()),
             Some(agreed)
         );
-        s.write_all(request.as_bytes()).await.unwrap();
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
-            .await
-            .expect("answered and closed")
-            .unwrap();
-        let answer = String::from_utf8_lossy(&answer);
+        let answer = exchange(&mut s, request.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 200 "), "{agreed:?}: {answer}");
     }
     let refused = ca
@@ -363,7 +371,6 @@ fn plain_http_sent_to_the_tls_port_is_refused_at_once() {
 
 #[tokio::test]
 async fn an_unparsable_request_over_https_gets_the_contract_error() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new();
     let (cert, key) = ca.leaf(dir.path(), "server", false);
@@ -373,14 +380,7 @@ async fn an_unparsable_request_over_https_gets_the_contract_error() {
         &b"NONSENSE\r\n\r\n"[..],
         b"GET /v1/pets x HTTP/1.1\r\nHost: x\r\n\r\n",
     ] {
-        let mut s = ca.connect_http1(tls).await;
-        s.write_all(request).await.unwrap();
-        let mut answer = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
-            .await
-            .expect("answered and closed")
-            .unwrap();
-        let answer = String::from_utf8_lossy(&answer);
+        let answer = exchange(&mut ca.connect_http1(tls).await, request).await;
         let (head, body) = answer.split_once("\r\n\r\n").unwrap();
         assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
         assert!(head.contains("Content-Type: application/json"), "{head}");
