@@ -204,6 +204,61 @@ async fn post_quantum_key_exchange_is_agreed_first_and_classic_groups_still_serv
     );
 }
 
+/// A returning client resumes its session with the ticket the gateway gave it, over TLS 1.3 and
+/// 1.2, even after more new clients came in between than rustls's session cache holds (256, the
+/// only resumption without tickets: each of the 300 here leaves two TLS 1.3 sessions or one 1.2
+/// session in it); each resumed connection is served. A ticket from another gateway (of a fleet,
+/// or from before a restart) gets a full handshake, and is served too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returning_clients_resume_with_tickets_after_many_others_and_foreign_tickets_get_a_full_handshake()
+ {
+    use common::tls::connect_with;
+    use tokio_rustls::rustls::HandshakeKind::{Full, Resumed};
+    use tokio_rustls::rustls::version::{TLS12, TLS13};
+    let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let (stack, tls) = tls_stack(dir.path(), &cert, &key);
+    let (other, other_tls) = tls_stack(other_dir.path(), &cert, &key);
+    let get = |stack: &Stack| {
+        let api_key = stack.key(&["--plan", "pro"]);
+        format!(
+            "GET /v1/pets HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {api_key}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    let (get, other_get) = (get(&stack), get(&other));
+    // Answered by the gateway itself, with no key and nothing counted.
+    let keyless = "GET /v1/docs/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    for version in [&TLS13, &TLS12] {
+        let returning = ca.client_config(b"http/1.1", &[version]);
+        let mut kinds = Vec::new();
+        let mut visit = async |addr: SocketAddr, request: &str| {
+            let mut s = connect_with(&returning, addr).await.unwrap();
+            kinds.push(s.get_ref().1.handshake_kind().unwrap());
+            // Read to the end: a TLS 1.3 ticket comes after the handshake.
+            let answer = exchange(&mut s, request.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 200 "), "{version:?}: {answer}");
+        };
+        visit(tls, &get).await;
+        visit(tls, &get).await;
+        for _ in 0..300 {
+            let mut s = connect_with(&ca.client_config(b"http/1.1", &[version]), tls)
+                .await
+                .unwrap();
+            assert_eq!(s.get_ref().1.handshake_kind(), Some(Full));
+            let answer = exchange(&mut s, keyless.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 308 "), "{answer}");
+        }
+        visit(tls, &get).await;
+        visit(other_tls, &other_get).await;
+        assert_eq!(
+            kinds,
+            [Full, Resumed, Resumed, Full],
+            "{version:?}: first visit, return, return after 300 others, another gateway"
+        );
+    }
+}
+
 /// Large bodies cross HTTP/2 whole, many streams at a time on one connection: 100 creates at
 /// once, then the docs page's 2.3 MB script (served by the gateway itself) and full pages of 100
 /// pets with 100-character names (the upstream's), each as plain HTTP gives them. The vendored

@@ -120,6 +120,9 @@ pub enum StartError {
     /// The TLS certificate or key cannot be used.
     #[error("TLS: {0}")]
     Tls(#[from] tls::TlsError),
+    /// No key for session tickets: the system's random numbers failed.
+    #[error("TLS: cannot make a session ticket key: {0}")]
+    TlsTickets(#[from] rustls::Error),
     /// A listener's address cannot be bound: in use, named twice, or not this machine's.
     #[error("cannot listen on {address} ({flag})")]
     Listen {
@@ -218,7 +221,7 @@ pub fn run(
         // are gathered above TLS, so a response leaves as one record.
         public.add_listener(
             ListenerConfig::tcp(listen.to_string())
-                .tls(certificate.listener_settings())
+                .tls(certificate.listener_settings()?)
                 .l4_buffer(L4BufferSettings::unbuffered()),
         );
     }

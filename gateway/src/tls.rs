@@ -227,13 +227,23 @@ impl CertResolver {
         Ok(())
     }
 
-    /// pingora's listener settings: this resolver, and HTTP/2 offered before HTTP/1.1.
-    pub fn listener_settings(self: &Arc<Self>) -> TlsSettings {
+    /// pingora's listener settings: this resolver, HTTP/2 offered before HTTP/1.1, and session
+    /// tickets, so that a returning client resumes its session however many others came in
+    /// between: rustls's stateful cache, the only resumption without a ticketer, holds the last
+    /// 256 sessions. [`aws_lc_rs::Ticketer`] is RFC 5077's AES-256 and HMAC-SHA256 with a new
+    /// key every six hours, the one before kept to decrypt, so a ticket serves 12 hours at most.
+    /// The key is this process's, made here from the system's random numbers and never written
+    /// anywhere, so a ticket from another gateway of a fleet, or from before a restart, gets a
+    /// full handshake. A TLS 1.3 resumption still agrees a fresh key (rustls accepts only
+    /// `psk_dhe_ke`), so the ticket key alone does not open its traffic; a TLS 1.2 ticket holds
+    /// its session's secret, which is why the key is rotated.
+    pub fn listener_settings(self: &Arc<Self>) -> Result<TlsSettings, rustls::Error> {
         let mut settings =
             TlsSettings::intermediate("", "").expect("settings without files cannot fail");
         settings.set_cert_resolver(self.clone());
         settings.enable_h2();
-        settings
+        settings.set_ticketer(aws_lc_rs::Ticketer::new()?);
+        Ok(settings)
     }
 }
 

@@ -120,29 +120,49 @@ impl TestCa {
         alpn: &[u8],
         groups: &[&'static dyn tokio_rustls::rustls::crypto::SupportedKxGroup],
     ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        use tokio_rustls::rustls::{DEFAULT_VERSIONS, crypto::CryptoProvider};
+        let provider = CryptoProvider {
+            kx_groups: groups.to_vec(),
+            ..tokio_rustls::rustls::crypto::aws_lc_rs::default_provider()
+        };
+        let config = self.client_config_on(provider, alpn, DEFAULT_VERSIONS);
+        connect_with(&config, addr).await
+    }
+
+    /// A TLS client's configuration trusting only this CA, offering only `alpn` and the protocol
+    /// `versions`, on aws-lc-rs with its default groups. Like any rustls client's, it keeps the
+    /// sessions servers give it (in memory, 256 servers' worth): connections made with it
+    /// ([`connect_with`]) offer to resume the last one.
+    pub fn client_config(
+        &self,
+        alpn: &[u8],
+        versions: &[&'static tokio_rustls::rustls::SupportedProtocolVersion],
+    ) -> std::sync::Arc<tokio_rustls::rustls::ClientConfig> {
+        let provider = tokio_rustls::rustls::crypto::aws_lc_rs::default_provider();
+        self.client_config_on(provider, alpn, versions)
+    }
+
+    fn client_config_on(
+        &self,
+        provider: tokio_rustls::rustls::crypto::CryptoProvider,
+        alpn: &[u8],
+        versions: &[&'static tokio_rustls::rustls::SupportedProtocolVersion],
+    ) -> std::sync::Arc<tokio_rustls::rustls::ClientConfig> {
         use rustls_pki_types::CertificateDer;
         use rustls_pki_types::pem::PemObject;
-        use tokio_rustls::rustls::crypto::{CryptoProvider, aws_lc_rs};
         let mut roots = tokio_rustls::rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(self.pem().as_bytes()) {
             roots.add(cert.unwrap()).unwrap();
         }
-        let provider = CryptoProvider {
-            kx_groups: groups.to_vec(),
-            ..aws_lc_rs::default_provider()
-        };
         let mut config = tokio_rustls::rustls::ClientConfig::builder_with_provider(
             std::sync::Arc::new(provider),
         )
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
         config.alpn_protocols = vec![alpn.to_vec()];
-        let tcp = tokio::net::TcpStream::connect(addr).await?;
-        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
-            .connect("localhost".try_into().unwrap(), tcp)
-            .await
+        std::sync::Arc::new(config)
     }
 
     /// An HTTPS client trusting only this CA; `http1` keeps it from offering HTTP/2.
@@ -155,4 +175,15 @@ impl TestCa {
         let builder = if http1 { builder.http1_only() } else { builder };
         builder.build().unwrap()
     }
+}
+
+/// A TLS connection to `addr` (by the name `localhost`) with `config`.
+pub async fn connect_with(
+    config: &std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(config.clone())
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
 }

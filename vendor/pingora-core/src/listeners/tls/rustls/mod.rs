@@ -26,6 +26,8 @@ use pingora_rustls::ClientCertVerifier;
 use pingora_rustls::ResolvesServerCert;
 use pingora_rustls::ServerConfig;
 use pingora_rustls::{version, TlsAcceptor as RusTlsAcceptor};
+// Animal Store's patch: the trait of a session ticketer (`TlsSettings::set_ticketer`).
+use rustls::server::ProducesTickets;
 
 use crate::protocols::{ALPN, IO};
 
@@ -38,6 +40,8 @@ pub struct TlsSettings {
     client_cert_verifier: Option<Arc<dyn ClientCertVerifier>>,
     callbacks: Option<TlsAcceptCallbacks>,
     offload_threadpool: Option<(usize, usize)>,
+    // Animal Store's patch: the session ticketer, if any (`set_ticketer`).
+    ticketer: Option<Arc<dyn ProducesTickets>>,
 }
 
 pub struct Acceptor {
@@ -94,6 +98,10 @@ impl TlsSettings {
         if let Some(alpn_protocols) = self.alpn_protocols {
             config.alpn_protocols = alpn_protocols;
         }
+        // Animal Store's patch: stateless resumption, beside rustls's cache.
+        if let Some(ticketer) = self.ticketer {
+            config.ticketer = ticketer;
+        }
 
         Acceptor {
             acceptor: RusTlsAcceptor::from(Arc::new(config)),
@@ -112,6 +120,20 @@ impl TlsSettings {
 
     pub fn set_alpn(&mut self, alpn: ALPN) {
         self.alpn_protocols = Some(alpn.to_wire_protocols());
+    }
+
+    /// Animal Store's patch to pingora-core 0.9.1 (see `vendor/README.md`): resume sessions
+    /// with tickets that `ticketer` encrypts, such as rustls's
+    /// `crypto::aws_lc_rs::Ticketer::new()`, which rotates its key every six hours.
+    ///
+    /// Without one, sessions resume only from rustls's in-memory cache of the last 256
+    /// sessions, so a client that returns after 256 others does a full handshake again. With
+    /// one, the client holds its session: TLS 1.2 clients that offer tickets and every TLS
+    /// 1.3 client resume for as long as the ticketer decrypts the ticket (a TLS 1.3 resumption
+    /// still makes a fresh key exchange). A ticket the ticketer cannot decrypt (another
+    /// server's, or one from before a restart) gets a full handshake.
+    pub fn set_ticketer(&mut self, ticketer: Arc<dyn ProducesTickets>) {
+        self.ticketer = Some(ticketer);
     }
 
     /// Configure mTLS by providing a rustls client certificate verifier.
@@ -200,6 +222,7 @@ impl TlsSettings {
             client_cert_verifier: None,
             callbacks: None,
             offload_threadpool: None,
+            ticketer: None,
         })
     }
 
@@ -220,6 +243,7 @@ impl TlsSettings {
             client_cert_verifier: None,
             callbacks: Some(callbacks),
             offload_threadpool: None,
+            ticketer: None,
         })
     }
 }
