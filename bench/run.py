@@ -21,8 +21,9 @@ Parts (each can be chosen with PARTS=get,open,idle,creates,tls,redis,instr):
            (`serve`: the median of ROUNDS fresh processes); with tls, also over HTTPS/1.1 and
            HTTP/2 for the gateway and nginx
   creates  durable creates straight to the backend: commit = group, per_request, none
-  tls      HTTPS: wrk over HTTP/1.1, h2load over HTTP/2, and full handshakes per second; the
-           gateway against nginx with the same certificate
+  tls      HTTPS: wrk over HTTP/1.1, h2load over HTTP/2, full handshakes per second, and the
+           proxy's CPU per connection with full and resumed handshakes over TLS 1.3 and 1.2
+           (openssl s_time); the gateway against nginx with the same certificate
   redis    two gateways on one Redis under load: admitted requests against the key's limit
   instr    user-space instructions per request under valgrind's callgrind, which counts the same
            for the same binary and load, within about 2%, however busy the machine is: nginx,
@@ -345,6 +346,7 @@ http {{ access_log off; keepalive_requests 100000000;
   limit_req_zone $http_authorization zone=keys:10m rate=100000000r/s;
   upstream up {{ server 127.0.0.1:{upstream.port}; keepalive 64; }}
   server {{ {listen}; {certs}
+    location = /v1/docs/ {{ return 308 /v1/docs; }}
     location /v1/ {{ limit_req zone=keys burst=100000000 nodelay;
       proxy_http_version 1.1; proxy_set_header Connection ""; proxy_set_header Authorization "";
       proxy_set_header X-Forwarded-For $remote_addr; proxy_pass http://up; }} }} }}""")
@@ -731,6 +733,29 @@ def h2load(url, *args):
     return {"rps": float(m.group(3)), "secs": secs, "ok": int(ok.group(1)) if ok else 0, "out": out}
 
 
+def s_time(port, version, reuse, secs=2):
+    """`openssl s_time` on CPU 1: one client making TLS connections to `port` one after another
+    for `secs` seconds, each fetching `/v1/docs/` (answered by the proxy itself with a redirect,
+    by the gateway as by nginx's configuration: no key, no upstream), over TLS `version` ("1_2" or "1_3"), each a full handshake, or each resuming the first
+    connection's session (`reuse`). Returns the connections made."""
+    out = subprocess.run(["taskset", "-c", "1", "openssl", "s_time", "-connect", f"127.0.0.1:{port}",
+                          f"-tls{version}", "-reuse" if reuse else "-new", "-time", str(secs),
+                          "-www", "/v1/docs/"], capture_output=True, text=True).stdout
+    m = re.search(r"(\d+) connections in [\d.]+s;", out)
+    if not m:
+        sys.exit(f"openssl s_time failed: {out[-500:]}")
+    return int(m.group(1))
+
+
+def handshake_cpu(proc, port, version, reuse):
+    """The proxy's CPU microseconds (user and kernel, all its processes) per connection of
+    [`s_time`], and the connections made."""
+    before = tree_cpu_times(proxy_pid(proc))
+    n = s_time(port, version, reuse)
+    after = tree_cpu_times(proxy_pid(proc))
+    return sum(after) - sum(before), n
+
+
 def certificate():
     """A self-signed ECDSA P-256 certificate for localhost and its key, made once per run."""
     cert, keyf = WORK / "cert.pem", WORK / "key.pem"
@@ -752,6 +777,10 @@ def gateway_tls(upstream_port, data, wrap=()):
     return proc, tls_port
 
 
+# The connections `part_tls` measures one after another with `s_time`: (TLS version, resumed).
+HANDSHAKE_KINDS = [("1_3", False), ("1_3", True), ("1_2", False), ("1_2", True)]
+
+
 def part_tls(upstream, results):
     log("== tls: HTTPS through the gateway and nginx, same certificate")
     data = WORK / "gw-tls"
@@ -759,7 +788,8 @@ def part_tls(upstream, results):
     gw, tls_port = gateway_tls(upstream.port, data)
     ng, ng_port = nginx_proxy(upstream, tls=certificate())
     contenders = {"gateway": (gw, tls_port), "nginx": (ng, ng_port)}
-    rows = {n: {"h1": [], "h2": [], "handshakes": []} for n in contenders}
+    rows = {n: {"h1": [], "h2": [], "handshakes": [], **{kind: [] for kind in HANDSHAKE_KINDS}}
+            for n in contenders}
     auth = ["-H", f"Authorization: Bearer {key}"]
     for rnd in range(ROUNDS):
         for name in (contenders if rnd % 2 == 0 else reversed(list(contenders))):
@@ -773,6 +803,11 @@ def part_tls(upstream, results):
             rows[name]["handshakes"].append(hs["ok"] / hs["secs"])
             log(f"  round {rnd + 1} {name}: HTTPS/1.1 {h1['rps']:.0f} req/s, HTTP/2 {h2['rps']:.0f} req/s, "
                 f"{hs['ok'] / hs['secs']:.0f} handshakes/s ({hs['ok']} of 1000 ok)")
+            for version, reuse in HANDSHAKE_KINDS:
+                cpu, n = handshake_cpu(contenders[name][0], port, version, reuse)
+                rows[name][(version, reuse)].append(cpu * 1e6 / n)
+                log(f"    TLS {version.replace('_', '.')} {'resumed' if reuse else 'full'}: "
+                    f"{cpu * 1e6 / n:.0f} us of CPU a connection ({n} connections)")
     results["tls"] = rows
     stop(gw)
     stop(ng)
@@ -1102,6 +1137,16 @@ def report(results, path=BENCH / "results.md"):
         gw, ng = t["gateway"], t["nginx"]
         ratio = lambda k: statistics.median(gw[k]) / statistics.median(ng[k])
         lines += ["", f"Gateway / nginx: HTTPS/1.1 {ratio('h1'):.2f}x, HTTP/2 {ratio('h2'):.2f}x, handshakes {ratio('handshakes'):.2f}x.", ""]
+        if all(kind in gw for kind in HANDSHAKE_KINDS):
+            lines += ["The proxy's CPU (user and kernel) per connection of one request, full and resumed "
+                      "handshakes (`openssl s_time -new` and `-reuse`, one client on CPU 1, 2 s each; "
+                      "each connection fetches `/v1/docs/`):", "",
+                      "| path | " + " | ".join(f"TLS {v.replace('_', '.')} {'resumed' if r else 'full'} us"
+                                          for v, r in HANDSHAKE_KINDS) + " |",
+                      "|---|" + "---|" * len(HANDSHAKE_KINDS)]
+            for n, v in t.items():
+                lines.append(f"| {n} | " + " | ".join(fmt(v[kind]) for kind in HANDSHAKE_KINDS) + " |")
+            lines.append("")
     for label, what in (("tls_idle", "HTTPS/1.1 keep-alive connections"),
                         ("h2_idle", "HTTP/2 connections (TLS, ALPN h2)")):
         if label not in results:
