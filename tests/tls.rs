@@ -208,7 +208,8 @@ async fn post_quantum_key_exchange_is_agreed_first_and_classic_groups_still_serv
 /// 1.2, even after more new clients came in between than rustls's session cache holds (256, the
 /// only resumption without tickets: each of the 300 here leaves two TLS 1.3 sessions or one 1.2
 /// session in it); each resumed connection is served. A ticket from another gateway (of a fleet,
-/// or from before a restart) gets a full handshake, and is served too.
+/// or from before a restart) gets a full handshake, and is served too. `/metrics` counts each
+/// kind of handshake.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn returning_clients_resume_with_tickets_after_many_others_and_foreign_tickets_get_a_full_handshake()
  {
@@ -255,6 +256,23 @@ async fn returning_clients_resume_with_tickets_after_many_others_and_foreign_tic
             kinds,
             [Full, Resumed, Resumed, Full],
             "{version:?}: first visit, return, return after 300 others, another gateway"
+        );
+    }
+    for (name, version) in [("TLSv1.3", &TLS13), ("TLSv1.2", &TLS12)] {
+        let count = |stack: &Stack, session: &str| {
+            let series =
+                format!("gateway_tls_handshakes_total{{session=\"{session}\",version=\"{name}\"}}");
+            metric(stack.admin, &series).unwrap_or(0.0)
+        };
+        assert_eq!(
+            [count(&stack, "full"), count(&stack, "resumed")],
+            [301.0, 2.0],
+            "{version:?}: the first visit and the 300 others full, two returns resumed"
+        );
+        assert_eq!(
+            [count(&other, "full"), count(&other, "resumed")],
+            [1.0, 0.0],
+            "{version:?}: the other gateway's one full handshake"
         );
     }
 }

@@ -298,6 +298,22 @@ pub static CLIENT_TIMEOUTS: Lazy<IntCounterVec> = Lazy::new(|| {
     )
 });
 
+/// TLS handshakes completed on the HTTPS listener, by protocol version (`TLSv1.3`, `TLSv1.2`)
+/// and session (`full`, or `resumed` from a ticket or rustls's cache): how often returning
+/// clients resume, which is what session tickets are for.
+pub static TLS_HANDSHAKES: Lazy<IntCounterVec> = Lazy::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "gateway_tls_handshakes_total",
+                "TLS handshakes completed by clients, by version and session (full or resumed)",
+            ),
+            &["version", "session"],
+        )
+        .expect("valid metric"),
+    )
+});
+
 /// HTTP/1.1 client connections (plain or TLS) open now.
 pub static CLIENT_CONNECTIONS: Lazy<IntGauge> = Lazy::new(|| {
     register(

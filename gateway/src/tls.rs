@@ -18,18 +18,24 @@
 //! `check-config`) naming the file: missing or unreadable, no PEM certificate or key in it, a
 //! key that does not belong to the certificate, or a certificate expired or not yet valid.
 
+use std::any::Any;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora::listeners::TlsAccept;
 use pingora::listeners::tls::TlsSettings;
+use pingora::protocols::tls::TlsRef;
 use pingora::tls::sign::CertifiedKey;
 use pingora::tls::{CertificateDer, ClientHello, PrivateKeyDer, ResolvesServerCert};
 use rustls::crypto::aws_lc_rs::{self, kx_group};
 use rustls::crypto::{CryptoProvider, SupportedKxGroup};
 use rustls_pki_types::pem::{self, PemObject};
+
+use crate::metrics;
 
 /// The certificate chain and key files of the TLS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,13 +243,43 @@ impl CertResolver {
     /// full handshake. A TLS 1.3 resumption still agrees a fresh key (rustls accepts only
     /// `psk_dhe_ke`), so the ticket key alone does not open its traffic; a TLS 1.2 ticket holds
     /// its session's secret, which is why the key is rotated.
+    /// Each completed handshake is counted in [`metrics::TLS_HANDSHAKES`].
     pub fn listener_settings(self: &Arc<Self>) -> Result<TlsSettings, rustls::Error> {
-        let mut settings =
-            TlsSettings::intermediate("", "").expect("settings without files cannot fail");
+        let mut settings = TlsSettings::with_callbacks(Box::new(HandshakeCounter))
+            .expect("settings without files cannot fail");
         settings.set_cert_resolver(self.clone());
         settings.enable_h2();
         settings.set_ticketer(aws_lc_rs::Ticketer::new()?);
         Ok(settings)
+    }
+}
+
+/// Counts each handshake the listener completes, by version and by whether it resumed.
+struct HandshakeCounter;
+
+#[async_trait]
+impl TlsAccept for HandshakeCounter {
+    async fn handshake_complete_callback(
+        &self,
+        tls: &TlsRef,
+    ) -> Option<Arc<dyn Any + Send + Sync>> {
+        let session = if tls.session_reused() {
+            "resumed"
+        } else {
+            "full"
+        };
+        // rustls names versions as its enum's variants ("TLSv1_3"); written as OpenSSL and
+        // nginx write them.
+        let version = match tls.version() {
+            Some("TLSv1_3") => "TLSv1.3",
+            Some("TLSv1_2") => "TLSv1.2",
+            Some(other) => other,
+            None => "unknown",
+        };
+        metrics::TLS_HANDSHAKES
+            .with_label_values(&[version, session])
+            .inc();
+        None
     }
 }
 

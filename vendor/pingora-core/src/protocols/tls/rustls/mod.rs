@@ -34,6 +34,8 @@ pub struct TlsRef {
     pub(super) cipher: Option<&'static str>,
     pub(super) version: Option<&'static str>,
     pub(super) server_name: Option<String>,
+    // Animal Store's patch: whether the handshake resumed a session (`session_reused`).
+    pub(super) session_reused: bool,
 }
 
 impl TlsRef {
@@ -65,5 +67,12 @@ impl TlsRef {
     /// server-side connections; always `None` on client streams.
     pub fn server_name(&self) -> Option<&str> {
         self.server_name.as_deref()
+    }
+
+    /// Animal Store's patch to pingora-core 0.9.1 (see `vendor/README.md`): whether the
+    /// handshake resumed an earlier session (from a ticket or the session cache) rather than
+    /// being a full one, as OpenSSL's `SslRef::session_reused` says on that backend.
+    pub fn session_reused(&self) -> bool {
+        self.session_reused
     }
 }

@@ -32,6 +32,8 @@ use pingora_error::{OkOrErr, OrErr, Result};
 use pingora_rustls::TlsStream as RusTlsStream;
 use pingora_rustls::{hash_certificate, NoDebug};
 use pingora_rustls::{Accept, Connect, ServerName, TlsConnector};
+// Animal Store's patch: for `TlsRef::session_reused`.
+use rustls::HandshakeKind;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use x509_parser::nom::AsBytes;
 
@@ -337,11 +339,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> InnerStream<T> {
             RusTlsStream::Server(s) => s.get_ref().1.server_name().map(|n| n.to_string()),
             RusTlsStream::Client(_) => None,
         };
+        // Animal Store's patch: the kind of handshake, for `TlsRef::session_reused`.
+        let session_reused = session.handshake_kind() == Some(HandshakeKind::Resumed);
         Some(TlsRef {
             peer_certs,
             cipher,
             version,
             server_name,
+            session_reused,
         })
     }
 }
