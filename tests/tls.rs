@@ -158,6 +158,13 @@ async fn exchange(
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// A GET of the pets with `api_key` that asks the gateway to close the connection after it.
+fn list_and_close(api_key: &str) -> String {
+    format!(
+        "GET /v1/pets HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {api_key}\r\nConnection: close\r\n\r\n"
+    )
+}
+
 /// The gateway agrees on the hybrid post-quantum key exchange with a client that offers it first,
 /// as browsers do, and on a classic group with one that offers only classic groups, serving a GET
 /// over each; a client whose only group the gateway does not offer is refused in the handshake.
@@ -170,9 +177,7 @@ async fn post_quantum_key_exchange_is_agreed_first_and_classic_groups_still_serv
     let (cert, key) = ca.leaf(dir.path(), "server", false);
     let (stack, tls) = tls_stack(dir.path(), &cert, &key);
     let api_key = stack.key(&["--plan", "pro"]);
-    let request = format!(
-        "GET /v1/pets HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {api_key}\r\nConnection: close\r\n\r\n"
-    );
+    let request = list_and_close(&api_key);
     for (offered, agreed) in [
         (DEFAULT_KX_GROUPS, NamedGroup::X25519MLKEM768),
         (
@@ -221,12 +226,7 @@ async fn returning_clients_resume_with_tickets_after_many_others_and_foreign_tic
     let (cert, key) = ca.leaf(dir.path(), "server", false);
     let (stack, tls) = tls_stack(dir.path(), &cert, &key);
     let (other, other_tls) = tls_stack(other_dir.path(), &cert, &key);
-    let get = |stack: &Stack| {
-        let api_key = stack.key(&["--plan", "pro"]);
-        format!(
-            "GET /v1/pets HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {api_key}\r\nConnection: close\r\n\r\n"
-        )
-    };
+    let get = |stack: &Stack| list_and_close(&stack.key(&["--plan", "pro"]));
     let (get, other_get) = (get(&stack), get(&other));
     // Answered by the gateway itself, with no key and nothing counted.
     let keyless = "GET /v1/docs/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";

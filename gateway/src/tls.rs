@@ -243,6 +243,7 @@ impl CertResolver {
     /// full handshake. A TLS 1.3 resumption still agrees a fresh key (rustls accepts only
     /// `psk_dhe_ke`), so the ticket key alone does not open its traffic; a TLS 1.2 ticket holds
     /// its session's secret, which is why the key is rotated.
+    ///
     /// Each completed handshake is counted in [`metrics::TLS_HANDSHAKES`].
     pub fn listener_settings(self: &Arc<Self>) -> Result<TlsSettings, rustls::Error> {
         let mut settings = TlsSettings::with_callbacks(Box::new(HandshakeCounter))
