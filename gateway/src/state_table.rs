@@ -28,6 +28,10 @@ use std::hash::BuildHasher;
 
 use crate::slot_memory::SlotMemory;
 
+mod shard;
+
+use shard::{EMPTY, Shard, Slot};
+
 /// Number of shards: a power of two, taken from the low bits of a key's hash. Few enough that
 /// a shard of a million keys' table is more than one huge page, enough that worker threads
 /// seldom want the same shard at once.
@@ -37,15 +41,8 @@ const SHARDS: usize = 32;
 /// The unit tests take a few, so that their small tables are passed over in many windows too.
 const WINDOW: usize = if cfg!(test) { 5 } else { 512 };
 
-/// An empty slot's mark; a used slot is marked [`MARKS`]`.0` or `.1`, whichever its shard's last
-/// pass left on the keys it showed.
-const EMPTY: u8 = 0;
-
 /// The two marks of used slots.
 const MARKS: (u8, u8) = (1, 2);
-
-/// A shard's slots when it is first used.
-const FIRST_CAPACITY: usize = 8;
 
 /// A table of `V` by 64-bit key, in `SHARDS` shards.
 pub struct StateTable<V> {
@@ -54,178 +51,6 @@ pub struct StateTable<V> {
     passing: Mutex<()>,
     /// Random for each table: the keys are random ids already, and this keeps them so.
     hasher: foldhash::fast::RandomState,
-}
-
-/// One key's slot: a cache line when `V` is at most 48 bytes.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Slot<V> {
-    key: u64,
-    /// [`EMPTY`], or the mark of a used slot: a pass shows the keys whose mark is not yet its
-    /// own, so a key moved while the pass let go of the shard is still shown once.
-    mark: u8,
-    value: V,
-}
-
-struct Shard<V> {
-    slots: SlotMemory<Slot<V>>,
-    len: usize,
-    /// The mark new keys get: that of the shard's latest pass, so that a pass still going
-    /// shows the keys it found, not those added since (their state is new, and the next pass
-    /// shows it).
-    mark: u8,
-    /// Times the slots were replaced, for a pass to see that the slots it was looking at moved.
-    rebuilds: u64,
-}
-
-impl<V: Copy + Default> Shard<V> {
-    fn empty_slots(capacity: usize) -> SlotMemory<Slot<V>> {
-        SlotMemory::new(
-            capacity,
-            Slot {
-                key: 0,
-                mark: EMPTY,
-                value: V::default(),
-            },
-        )
-    }
-
-    /// Where a key with hash `hash` belongs in `capacity` slots: the hash's high bits scaled to
-    /// the capacity, which need not be a power of two.
-    fn home(hash: u64, capacity: usize) -> usize {
-        ((u128::from(hash) * capacity as u128) >> 64) as usize
-    }
-
-    /// The index of `key`'s slot, if it has one.
-    fn position(&self, key: u64, hash: u64) -> Option<usize> {
-        if self.slots.is_empty() {
-            return None;
-        }
-        let (i, found) = self.find(key, hash);
-        found.then_some(i)
-    }
-
-    /// The index of `key`'s slot, or of the empty slot where it would go; there must be one.
-    fn find(&self, key: u64, hash: u64) -> (usize, bool) {
-        let capacity = self.slots.len();
-        let home = Self::home(hash, capacity);
-        let mut i = home;
-        loop {
-            let slot = &self.slots[i];
-            if slot.mark == EMPTY {
-                return (i, false);
-            }
-            if slot.key == key {
-                return (i, true);
-            }
-            i += 1;
-            if i == capacity {
-                i = 0;
-            }
-            // A full table would be searched forever: in tests, a failure instead.
-            debug_assert_ne!(i, home, "no empty slot in {capacity}");
-        }
-    }
-
-    /// The slots the shard grows to: half as many again as it has (the first time,
-    /// [`FIRST_CAPACITY`]).
-    fn grown(&self) -> usize {
-        let capacity = self.slots.len();
-        (capacity + capacity / 2).max(FIRST_CAPACITY)
-    }
-
-    /// The slots the shard must grow to before it takes one more key, if it must: it is at
-    /// most 7/8 full.
-    fn growth(&self) -> Option<usize> {
-        ((self.len + 1) * 8 > self.slots.len() * 7).then(|| self.grown())
-    }
-
-    /// The slots a pass grows a nearly full shard to, if it should: one more than 13/16 full
-    /// grows now, as its next keys would soon make it grow in a decision, whose request would
-    /// then wait for the new slots to be made (milliseconds for an array in huge pages). Grown
-    /// from 13/16, it is at least 13/24 full after: at most 118 bytes a key.
-    fn early_growth(&self) -> Option<usize> {
-        (self.len * 16 > self.slots.len() * 13).then(|| self.grown())
-    }
-
-    /// The slots a shard that forgot most of its keys shrinks to, if it should: one at most a
-    /// quarter full is rebuilt half full, so it neither shrinks again nor grows soon after; one
-    /// left empty keeps no slots (`Some(0)`).
-    fn shrinking(&self) -> Option<usize> {
-        let capacity = self.slots.len();
-        if self.len == 0 {
-            (capacity > 0).then_some(0)
-        } else {
-            (capacity > FIRST_CAPACITY && self.len * 4 <= capacity)
-                .then(|| (self.len * 2).max(FIRST_CAPACITY))
-        }
-    }
-
-    /// Puts `slots` in place of the shard's, counted in [`Shard::rebuilds`], and hands back the
-    /// old ones.
-    fn replace_slots(&mut self, slots: SlotMemory<Slot<V>>) -> SlotMemory<Slot<V>> {
-        self.rebuilds += 1;
-        std::mem::replace(&mut self.slots, slots)
-    }
-
-    /// Moves every key into `slots`, empty and more than the keys, and hands back the old ones.
-    fn rebuild_into(
-        &mut self,
-        slots: SlotMemory<Slot<V>>,
-        hash_of: &impl Fn(u64) -> u64,
-    ) -> SlotMemory<Slot<V>> {
-        let old = self.replace_slots(slots);
-        for slot in old.iter().filter(|s| s.mark != EMPTY) {
-            let (i, _) = self.find(slot.key, hash_of(slot.key));
-            self.slots[i] = *slot;
-        }
-        old
-    }
-
-    /// `key`'s value, made by `make` if it has none; the shard must have room for one more key
-    /// ([`StateTable::make_room`]).
-    fn entry(&mut self, key: u64, hash: u64, make: impl FnOnce() -> V) -> &mut V {
-        if let Some(i) = self.position(key, hash) {
-            return &mut self.slots[i].value;
-        }
-        debug_assert!(self.growth().is_none(), "no room made for a new key");
-        let (i, _) = self.find(key, hash);
-        self.slots[i] = Slot {
-            key,
-            mark: self.mark,
-            value: make(),
-        };
-        self.len += 1;
-        &mut self.slots[i].value
-    }
-
-    /// Empties slot `hole` and shifts back the slots after it that would otherwise no longer
-    /// be found: each one whose home is not between the hole and itself.
-    fn remove_at(&mut self, mut hole: usize, hash_of: &impl Fn(u64) -> u64) {
-        let capacity = self.slots.len();
-        self.slots[hole].mark = EMPTY;
-        self.len -= 1;
-        let mut next = hole;
-        loop {
-            next += 1;
-            if next == capacity {
-                next = 0;
-            }
-            if self.slots[next].mark == EMPTY {
-                return;
-            }
-            let home = Self::home(hash_of(self.slots[next].key), capacity);
-            // Distances going forward, around the end: the slot stays if its home lies in
-            // (hole, next].
-            let from_home = (next + capacity - home) % capacity;
-            let from_hole = (next + capacity - hole) % capacity;
-            if from_home >= from_hole {
-                self.slots[hole] = self.slots[next];
-                self.slots[next].mark = EMPTY;
-                hole = next;
-            }
-        }
-    }
 }
 
 impl<V: Copy + Default> Default for StateTable<V> {

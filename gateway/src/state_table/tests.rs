@@ -1,5 +1,6 @@
-//! Unit tests of [`super`] (`state_table.rs`).
+//! Unit tests of [`super`] (`state_table.rs` and `state_table/shard.rs`).
 
+use super::shard::FIRST_CAPACITY;
 use super::*;
 use proptest::prelude::*;
 use std::collections::HashMap;
