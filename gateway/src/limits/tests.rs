@@ -1,6 +1,8 @@
-//! Unit tests of [`super`] (`limits.rs`).
+//! Unit tests of [`super`] (`limits.rs` and `limits/limiter.rs`).
 
+use super::limiter::CHANGES_CHUNK;
 use super::*;
+use crate::keys::KeyId;
 use proptest::prelude::*;
 use std::sync::Arc;
 
