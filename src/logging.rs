@@ -34,7 +34,7 @@ const DEFAULT_LOG: &str = "info,warp::server=off";
 ///   client recovery: ..." (a warning, then info): each of its connections (one per proxy thread
 ///   and one shared) tries a failed node and refreshes its slots again and again until a replica
 ///   takes over; for one failed master of a three-master cluster with replicas, 42 and 28 lines
-///   in 4 s. Debug. Its "connection to <node> lost" (once per connection) stays a warning, and
+///   in 4 s. Debug. Its "connection to `<node>` lost" (once per connection) stays a warning, and
 ///   the gateway says once that it falls back, and again when it is back.
 fn level_for(record: &Record) -> Level {
     let level = record.level();

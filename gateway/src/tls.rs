@@ -120,7 +120,8 @@ const KEY_EXCHANGE_GROUPS: [&dyn SupportedKxGroup; 4] = [
     kx_group::SECP384R1,
 ];
 
-/// Makes rustls on aws-lc-rs the process's TLS cryptography, with [`KEY_EXCHANGE_GROUPS`].
+/// Makes rustls on aws-lc-rs the process's TLS cryptography, offering X25519MLKEM768, X25519,
+/// P-256 and P-384, in that order (`KEY_EXCHANGE_GROUPS` says why).
 /// pingora builds the listener's configuration, and its upstream connector, from the process's
 /// provider, and installs ring's only if none is installed yet, so this must run before pingora
 /// does: the binary calls it first in `main`, and [`load`] calls it before it reads a key.
