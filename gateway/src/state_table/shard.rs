@@ -5,8 +5,8 @@
 
 use crate::slot_memory::SlotMemory;
 
-/// An empty slot's mark; a used slot is marked [`MARKS`](super::MARKS)`.0` or `.1`, whichever its shard's last
-/// pass left on the keys it showed.
+/// An empty slot's mark; a used slot is marked [`MARKS`](super::MARKS)`.0` or `.1`, whichever
+/// its shard's last pass left on the keys it showed.
 pub(super) const EMPTY: u8 = 0;
 
 /// A shard's slots when it is first used.
