@@ -1615,6 +1615,63 @@ async fn idle_upstream_connections_are_kept_for_later_requests_of_any_client() {
     assert_eq!(metric(stack.admin, &opened), Some(1.0), "{opened}");
 }
 
+/// `HEAD` is proxied as a `GET` without its body: the head says the length the `GET`'s body has,
+/// no body follows it, and both connections serve the next requests, the client's (the next
+/// response starts right after the head) and the upstream's (kept, all four on one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_is_answered_without_a_body_and_both_connections_go_on() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let orders = TestUpstream::start(Duration::ZERO).await;
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!("threads = 1\n{}", orders_route(&orders, "")),
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let listen = stack.listen;
+    let heads = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(listen).unwrap();
+        let mut answers = Vec::new();
+        for method in ["HEAD", "GET", "HEAD", "GET"] {
+            write!(
+                s,
+                "{method} /v1/store/orders/7 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+            )
+            .unwrap();
+            let head = read_head(&mut s);
+            let body = if method == "GET" {
+                read_body(&mut s, &head)
+            } else {
+                String::new()
+            };
+            answers.push((head, body));
+        }
+        answers
+    })
+    .await
+    .unwrap();
+    let length = |head: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .map(str::to_owned)
+    };
+    for (i, (head, body)) in heads.iter().enumerate() {
+        assert!(head.starts_with("HTTP/1.1 200 "), "response {i}: {head}");
+        assert!(head.contains("X-RateLimit-Limit: 300\r\n"), "{head}");
+        if i % 2 == 1 {
+            assert!(body.contains("/v1/store/orders/7"), "{body}");
+            assert_eq!(length(head), Some(body.len().to_string()), "{head}");
+            assert_eq!(length(&heads[i - 1].0), length(head), "the HEAD's length");
+        }
+    }
+    assert_eq!(orders.hits(), 4);
+    assert_eq!(
+        orders.connections(),
+        1,
+        "the upstream connection kept after each HEAD"
+    );
+}
+
 /// A kept upstream connection that the upstream closes while it is idle is not sent the next
 /// request, which goes on a new connection and is answered: even a POST, which the gateway never
 /// sends twice, so it would have been a 502 had it gone on the closed connection.

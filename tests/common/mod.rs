@@ -703,7 +703,8 @@ impl TestUpstream {
     }
 }
 
-/// Answers each request on `stream` with 200 and a JSON echo of its path and headers.
+/// Answers each request on `stream` with 200 and a JSON echo of its path and headers (`HEAD`
+/// with the head alone).
 async fn echo<S>(
     stream: S,
     counter: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -746,8 +747,14 @@ async fn echo<S>(
         tokio::time::sleep(delay).await;
         let path = request_line.split(' ').nth(1).unwrap_or("").to_owned();
         let echo = serde_json::json!({"path": path, "headers": headers}).to_string();
+        // The answer to HEAD is GET's head alone (RFC 9110, section 9.3.2).
+        let body = if request_line.starts_with("HEAD ") {
+            ""
+        } else {
+            &echo
+        };
         let response = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{echo}",
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             echo.len()
         );
         if stream
