@@ -247,6 +247,67 @@ async fn clients_that_go_away_mid_request_are_not_logged_as_errors() {
     );
 }
 
+/// A client that goes away while its upstream is still working is let go at once: the gateway
+/// reads the client's close while it waits for the upstream, closes the upstream connection
+/// without waiting for an answer or for the route's 30 s timeout, and counts the request as the
+/// client's close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_the_upstream_works_is_let_go_at_once() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    // Reads one request head, never answers, and says whether the gateway closed the connection
+    // within 10 s.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let (arrived, head_read) = std::sync::mpsc::channel();
+    let (saw, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut stream, _)) = listener.accept() else {
+            return;
+        };
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).unwrap_or(0) == 0 {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        let _ = arrived.send(());
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let _ = saw.send(match stream.read(&mut byte) {
+            Ok(0) => "closed",
+            Ok(_) => "more bytes",
+            Err(_) => "still open after 10 s",
+        });
+    });
+    let stack = Stack::start_with_text(
+        dir.path(),
+        &format!(
+            "{PETS_ROUTE}\n[[gateway.routes]]\nprefix = \"/v1/store\"\nupstream = \"{upstream}\"\ntimeout_ms = 30000\n"
+        ),
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let mut client = std::net::TcpStream::connect(stack.listen).unwrap();
+    client
+        .write_all(
+            format!(
+                "GET /v1/store/orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    head_read.recv_timeout(Duration::from_secs(10)).unwrap();
+    drop(client);
+    assert_eq!(
+        seen.recv_timeout(Duration::from_secs(15)).unwrap(),
+        "closed"
+    );
+    common::wait_client_closed(stack.admin, "/v1/store", 1.0).await;
+}
+
 /// The header timeout bounds reading a request's head, not answering it: a request proxied to
 /// an upstream slower than `header_timeout_seconds` is answered, on a connection that stays open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

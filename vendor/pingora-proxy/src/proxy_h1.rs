@@ -120,7 +120,8 @@ where
             return (false, true, Some(e));
         }
 
-        session.set_upstream_h1_upgrade_request_status(is_h1_upgrade_req(&req));
+        let upgrade_req = is_h1_upgrade_req(&req);
+        session.set_upstream_h1_upgrade_request_status(upgrade_req);
 
         session.upstream_compression.request_filter(&req);
 
@@ -145,6 +146,28 @@ where
             Ok(reader) => reader,
             Err(e) => return (false, false, Some(e)),
         };
+
+        // Animal Store's patch: a request with no body and nothing to upgrade, from a plain
+        // HTTP/1 client, with no cache, is proxied in one sequence instead of two halves.
+        if !upgrade_req
+            && downstream_custom_message_writer.is_none()
+            && downstream_custom_message_reader.is_none()
+            && !session.cache.enabled()
+            && !session.cache.bypassing()
+            && session.downstream_session.as_http1().is_some()
+            && session.as_mut().is_body_empty()
+            && session.as_mut().is_body_done()
+        {
+            session.as_mut().enable_retry_buffering();
+            if session.as_ref().get_retry_buffer().is_none() {
+                return match self.proxy_1to1_bodiless(session, client_session, ctx).await {
+                    Ok((downstream_can_reuse, upstream_can_reuse)) => {
+                        (downstream_can_reuse, upstream_can_reuse, None)
+                    }
+                    Err(e) => (false, false, Some(e)),
+                };
+            }
+        }
 
         let (tx_upstream, rx_upstream) = pipe::channel::<HttpTask, TASK_BUFFER_SIZE>();
         let (tx_downstream, rx_downstream) = pipe::channel::<HttpTask, TASK_BUFFER_SIZE>();
@@ -250,6 +273,136 @@ where
         session.set_upstream_write_pending_time(upstream_write_pending);
 
         (server_session_reuse, client_session_reuse, error)
+    }
+
+    /// Animal Store's patch (see `vendor/README.md` in its repository): a request with no body,
+    /// whose header has been written to the upstream, proxied by one sequence on the request's
+    /// task instead of `proxy_handle_downstream` and `proxy_handle_upstream` joined by two task
+    /// pipes. It does what they do for such a request, in the same order and with the same
+    /// outcomes: the request body's filters run once for its end, and the end is written to the
+    /// upstream; the response's tasks are read, gathered while more are already read (as the
+    /// downstream half gathers them from its pipe), filtered and written downstream; while it
+    /// waits for the upstream, the client is watched for going away (`read_body_or_idle`, as
+    /// the downstream half does). Returns whether the client's and the upstream's connections
+    /// can be reused.
+    async fn proxy_1to1_bodiless(
+        &self,
+        session: &mut Session,
+        client_session: &mut HttpSessionV1,
+        ctx: &mut SV::CTX,
+    ) -> Result<(bool, bool)>
+    where
+        SV: ProxyHttp + Send + Sync,
+        SV::CTX: Send + Sync,
+    {
+        // The request's end, through the filters `send_body_to_pipe` runs, to the upstream as
+        // `proxy_handle_upstream` writes it (`send_body_to1`). A write that fails leaves the
+        // response to be read, and its error to stand for a failed read, as there.
+        let mut data = None;
+        session
+            .downstream_modules_ctx
+            .request_body_filter(&mut data, true)
+            .await?;
+        self.inner
+            .request_body_filter(session, &mut data, true, ctx)
+            .await?;
+        let mut send_error = send_body_to1(client_session, Some(HttpTask::Body(data, true)))
+            .await
+            .err();
+        if let Some(e) = &send_error {
+            warn!("send error, draining read buf: {e}");
+        }
+        let mut upstream_can_reuse = send_error.is_none();
+
+        let mut serve_from_cache = ServeFromCache::new();
+        let mut range_body_filter = RangeBodyFilter::new();
+        loop {
+            // Biased to the upstream: the watch on the client only needs to run while the
+            // upstream has nothing, and a client gone is found by the next write as well.
+            let first = tokio::select! {
+                biased;
+                res = client_session.read_response_task() => res,
+                body = session.downstream_session.read_body_or_idle(true) => {
+                    // The request is done: this returns only when the client goes away (or
+                    // pends for ever); it never has body bytes to return.
+                    body.map_err(|e| e.into_down())?;
+                    return Error::e_explain(InternalError, "request body after its end");
+                }
+            };
+            let mut tasks = Vec::with_capacity(TASK_BUFFER_SIZE);
+            let mut upstream_done = false;
+            let mut read = Some(first);
+            while let Some(res) = read.take() {
+                match res {
+                    Ok(task) => {
+                        upstream_done = task.is_end();
+                        tasks.push(task);
+                    }
+                    Err(e) => {
+                        // As the upstream half: the first error, as the upstream's, and the
+                        // connection not reused.
+                        tasks.push(HttpTask::Failed(send_error.take().unwrap_or(e).into_up()));
+                        upstream_done = true;
+                        upstream_can_reuse = false;
+                    }
+                }
+                if !upstream_done && tasks.len() < TASK_BUFFER_SIZE {
+                    // What the upstream has sent already, as the downstream half gathers what
+                    // is in its pipe: `unconstrained`, since `now_or_never` may otherwise find
+                    // a ready read pending.
+                    read = tokio::task::unconstrained(client_session.read_response_task())
+                        .now_or_never();
+                }
+            }
+            // As `process_upstream_tasks` filters them, without a cache.
+            let mut filtered = 0;
+            while filtered < tasks.len() {
+                let mut t = std::mem::replace(&mut tasks[filtered], HttpTask::Done);
+                #[cfg(feature = "upstream_modules")]
+                if let HttpTask::Header(header, end_of_stream) = &t {
+                    self.inner
+                        .adjust_upstream_modules(session, header, *end_of_stream, ctx)
+                        .await?;
+                }
+                #[cfg(feature = "upstream_modules")]
+                session.upstream_modules_filter_task(&mut t).await?;
+                session.upstream_compression.response_filter(&mut t);
+                tasks[filtered] = self
+                    .h1_response_filter(
+                        session,
+                        t,
+                        ctx,
+                        &mut serve_from_cache,
+                        &mut range_body_filter,
+                        false,
+                    )
+                    .await?;
+                filtered += 1;
+            }
+            let response_done = session.write_response_tasks(tasks).await?;
+            if upstream_done {
+                break;
+            }
+            if response_done {
+                // The client's response ended before the upstream's: what is left unread makes
+                // the upstream connection unsafe to reuse, as the upstream half decides when
+                // the downstream half drops its pipe.
+                upstream_can_reuse = false;
+                break;
+            }
+        }
+
+        let reuse_downstream = match session.as_mut().finish_body().await {
+            Ok(_) => {
+                debug!("finished sending body to downstream");
+                true
+            }
+            Err(e) => {
+                error!("Error finish sending body to downstream: {}", e);
+                false
+            }
+        };
+        Ok((reuse_downstream, upstream_can_reuse))
     }
 
     async fn proxy_handle_upstream(
