@@ -253,36 +253,9 @@ async fn clients_that_go_away_mid_request_are_not_logged_as_errors() {
 /// client's close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_while_the_upstream_works_is_let_go_at_once() {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
-    // Reads one request head, never answers, and says whether the gateway closed the connection
-    // within 10 s.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let upstream = listener.local_addr().unwrap();
-    let (arrived, head_read) = std::sync::mpsc::channel();
-    let (saw, seen) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let Ok((mut stream, _)) = listener.accept() else {
-            return;
-        };
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            if stream.read(&mut byte).unwrap_or(0) == 0 {
-                return;
-            }
-            head.push(byte[0]);
-        }
-        let _ = arrived.send(());
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let _ = saw.send(match stream.read(&mut byte) {
-            Ok(0) => "closed",
-            Ok(_) => "more bytes",
-            Err(_) => "still open after 10 s",
-        });
-    });
+    let (upstream, head_read, seen) = common::silent_upstream();
     let stack = Stack::start_with_text(
         dir.path(),
         &format!(

@@ -790,3 +790,52 @@ async fn http2_clients_that_go_away_mid_request_are_counted_not_logged() {
     let log = stack.proc.log_text();
     assert!(!log.contains(" WARN ") && !log.contains(" ERROR "), "{log}");
 }
+
+/// An HTTP/2 client that cancels its stream while the upstream is still working is let go at
+/// once, as an HTTP/1.1 client that closes its connection is (`tests/gateway_routing.rs`): the
+/// gateway reads the stream's reset while it waits for the upstream and closes the upstream
+/// connection without waiting for an answer or the route's 30 s timeout; the client's
+/// connection goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_cancelled_while_the_upstream_works_is_let_go_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let (upstream, head_read, seen) = common::silent_upstream();
+    let routes = format!(
+        "{}\n[[gateway.routes]]\nprefix = \"/v1/store\"\nupstream = \"{upstream}\"\ntimeout_ms = 30000\n",
+        common::PETS_ROUTE,
+    );
+    let config = Stack::config_with_text(dir.path(), &routes);
+    let (stack, tls) = tls_stack_with(dir.path(), &config, &cert, &key);
+    let api_key = stack.key(&["--plan", "pro"]);
+
+    let stream = ca.connect(tls, b"h2").await;
+    let (send, connection) = h2::client::handshake(stream).await.unwrap();
+    let driver = tokio::spawn(connection);
+    let get = |path: &str| {
+        http::Request::get(format!("https://localhost:{}{path}", tls.port()))
+            .header("authorization", format!("Bearer {api_key}"))
+            .body(())
+            .unwrap()
+    };
+    let mut send = send.ready().await.unwrap();
+    let (response, _) = send.send_request(get("/v1/store/orders"), true).unwrap();
+    tokio::task::spawn_blocking(move || head_read.recv_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(response);
+    let seen = tokio::task::spawn_blocking(move || seen.recv_timeout(Duration::from_secs(15)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen, "closed");
+    common::wait_client_closed(stack.admin, "/v1/store", 1.0).await;
+
+    // The connection serves the next request.
+    let mut send = send.ready().await.unwrap();
+    let (response, _) = send.send_request(get("/v1/pets"), true).unwrap();
+    assert_eq!(response.await.unwrap().status(), 200);
+    driver.abort();
+}

@@ -838,6 +838,44 @@ pub fn wait_metric(admin: SocketAddr, name: &str, within: Duration, want: impl F
     }
 }
 
+/// An upstream that reads one request head and never answers. The first receiver gets a message
+/// when the head has arrived; the second says what became of the connection within 10 s after
+/// it: `"closed"` (the gateway closed it), `"more bytes"` or `"still open after 10 s"`.
+pub fn silent_upstream() -> (
+    SocketAddr,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Receiver<&'static str>,
+) {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (arrived, head_read) = std::sync::mpsc::channel();
+    let (saw, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok((mut stream, _)) = listener.accept() else {
+            return;
+        };
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).unwrap_or(0) == 0 {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        let _ = arrived.send(());
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let _ = saw.send(match stream.read(&mut byte) {
+            Ok(0) => "closed",
+            Ok(_) => "more bytes",
+            Err(_) => "still open after 10 s",
+        });
+    });
+    (addr, head_read, seen)
+}
+
 /// Waits up to 10 s until `n` GETs to `route` count as `client_closed` with no response begun.
 pub async fn wait_client_closed(admin: SocketAddr, route: &str, n: f64) {
     let series = format!(

@@ -147,14 +147,15 @@ where
             Err(e) => return (false, false, Some(e)),
         };
 
-        // Animal Store's patch: a request with no body and nothing to upgrade, from a plain
-        // HTTP/1 client, with no cache, is proxied in one sequence instead of two halves.
+        // Animal Store's patch: a request with no body and nothing to upgrade, from an HTTP/1 or
+        // HTTP/2 client, with no cache, is proxied in one sequence instead of two halves.
         if !upgrade_req
             && downstream_custom_message_writer.is_none()
             && downstream_custom_message_reader.is_none()
             && !session.cache.enabled()
             && !session.cache.bypassing()
-            && session.downstream_session.as_http1().is_some()
+            && !session.downstream_session.is_subrequest()
+            && !session.downstream_session.is_custom()
             && session.as_mut().is_body_empty()
             && session.as_mut().is_body_done()
         {
@@ -323,8 +324,9 @@ where
                 biased;
                 res = client_session.read_response_task() => res,
                 body = session.downstream_session.read_body_or_idle(true) => {
-                    // The request is done: this returns only when the client goes away (or
-                    // pends for ever); it never has body bytes to return.
+                    // The request is done: this returns only when the client goes away (HTTP/1:
+                    // or pends for ever; HTTP/2: when it resets the stream); it never has body
+                    // bytes to return.
                     body.map_err(|e| e.into_down())?;
                     return Error::e_explain(InternalError, "request body after its end");
                 }
