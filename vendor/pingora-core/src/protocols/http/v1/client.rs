@@ -292,9 +292,11 @@ impl HttpSession {
 
         loop {
             if parse_existing_buffer {
-                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                let mut resp = httparse::Response::new(&mut headers);
-                let parsed = parse_resp_buffer(&mut resp, &self.response_header_read_buf);
+                // Animal Store's patch: the parser's slots left uninitialized (`HeaderSlot`).
+                let mut headers = [EMPTY_HEADER_SLOT; MAX_HEADERS];
+                let mut resp = httparse::Response::new(&mut []);
+                let parsed =
+                    parse_resp_buffer(&mut resp, &self.response_header_read_buf, &mut headers);
                 match parsed {
                     HeaderParseState::Complete(s) => {
                         let total_read = self.response_header_read_buf.len();
@@ -980,14 +982,16 @@ impl ResponseFacts {
 }
 
 #[inline]
-fn parse_resp_buffer<'buf>(
-    resp: &mut httparse::Response<'_, 'buf>,
+// Animal Store's patch: `headers`, the parser's slots, uninitialized (see `HeaderSlot`).
+fn parse_resp_buffer<'headers, 'buf>(
+    resp: &mut httparse::Response<'headers, 'buf>,
     buf: &'buf [u8],
+    headers: &'headers mut [HeaderSlot<'buf>],
 ) -> HeaderParseState {
     let mut parser = httparse::ParserConfig::default();
     parser.allow_spaces_after_header_name_in_responses(true);
     parser.allow_obsolete_multiline_headers_in_responses(true);
-    let res = match parser.parse_response(resp, buf) {
+    let res = match parser.parse_response_with_uninit_headers(resp, buf, headers) {
         Ok(s) => s,
         Err(e) => {
             return HeaderParseState::Invalid(e);
@@ -1072,6 +1076,42 @@ mod tests_stream {
         let res = http_stream.read_response().await;
         assert_eq!(input.len(), res.unwrap());
         assert_eq!(0, http_stream.resp_header().unwrap().headers.len());
+    }
+
+    /// Animal Store's patch: its test. The parser's slots, uninitialized since the patch, hold a
+    /// head of `MAX_HEADERS` fields, each read as it was written, also when the head comes in two
+    /// reads (the first parse stops short, the second starts again with fresh slots); a field
+    /// more is refused, as before.
+    #[tokio::test]
+    async fn read_response_with_as_many_fields_as_slots() {
+        init_log();
+        let head = |fields: usize| {
+            let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+            for i in 0..fields {
+                head.extend_from_slice(format!("X-Field-{i}: value {i}\r\n").as_bytes());
+            }
+            head.extend_from_slice(b"\r\n");
+            head
+        };
+        let input = head(MAX_HEADERS);
+        let (first, second) = input.split_at(input.len() / 2);
+        let mock_io = Builder::new().read(first).read(second).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        let res = http_stream.read_response().await;
+        assert_eq!(input.len(), res.unwrap());
+        let headers = &http_stream.resp_header().unwrap().headers;
+        assert_eq!(MAX_HEADERS, headers.len());
+        for i in 0..MAX_HEADERS {
+            assert_eq!(
+                headers[format!("x-field-{i}").as_str()],
+                format!("value {i}")
+            );
+        }
+
+        let input = head(MAX_HEADERS + 1);
+        let mock_io = Builder::new().read(&input).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        assert!(http_stream.read_response().await.is_err());
     }
 
     #[tokio::test]

@@ -26,6 +26,23 @@ use crate::utils::KVRef;
 
 pub(super) const MAX_HEADERS: usize = 256;
 
+/// Animal Store's patch (see `vendor/README.md` in its repository): a slot of the array the
+/// HTTP/1 parser reads a head's fields into. The array has `MAX_HEADERS` (256) slots of 32 bytes;
+/// made of `httparse::EMPTY_HEADER`s, as published, every head read wrote all 8 KiB of it before
+/// parsing, though a head has a handful of fields. httparse fills slots it was given
+/// uninitialized (`parse_*_with_uninit_headers`) and hands back only those it filled, so they
+/// are left so. The patched parser of the `patched_http1` feature takes initialized slots.
+#[cfg(not(feature = "patched_http1"))]
+pub(super) type HeaderSlot<'buf> = std::mem::MaybeUninit<httparse::Header<'buf>>;
+#[cfg(feature = "patched_http1")]
+pub(super) type HeaderSlot<'buf> = httparse::Header<'buf>;
+
+/// Animal Store's patch: an empty [`HeaderSlot`].
+#[cfg(not(feature = "patched_http1"))]
+pub(super) const EMPTY_HEADER_SLOT: HeaderSlot<'static> = std::mem::MaybeUninit::uninit();
+#[cfg(feature = "patched_http1")]
+pub(super) const EMPTY_HEADER_SLOT: HeaderSlot<'static> = httparse::EMPTY_HEADER;
+
 pub(super) const INIT_HEADER_BUF_SIZE: usize = 4096;
 pub(super) const MAX_HEADER_SIZE: usize = 1048575;
 

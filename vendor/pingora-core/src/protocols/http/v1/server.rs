@@ -333,9 +333,10 @@ impl HttpSession {
 
             // Use loop as GOTO to retry escaped request buffer, not a real loop
             loop {
-                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                let mut req = httparse::Request::new(&mut headers);
-                let parsed = parse_req_buffer(&mut req, &buf);
+                // Animal Store's patch: the parser's slots left uninitialized (`HeaderSlot`).
+                let mut headers = [EMPTY_HEADER_SLOT; MAX_HEADERS];
+                let mut req = httparse::Request::new(&mut []);
+                let parsed = parse_req_buffer(&mut req, &buf, &mut headers);
                 match parsed {
                     HeaderParseState::Complete(s) => {
                         self.raw_header = Some(BufRef(0, s));
@@ -1838,23 +1839,35 @@ fn escape_illegal_request_line(buf: &BytesMut) -> Option<BytesMut> {
 }
 
 #[inline]
-fn parse_req_buffer<'buf>(
-    req: &mut httparse::Request<'_, 'buf>,
+// Animal Store's patch: `headers`, the parser's slots, uninitialized where the parser allows it
+// (see `HeaderSlot`).
+fn parse_req_buffer<'headers, 'buf>(
+    req: &mut httparse::Request<'headers, 'buf>,
     buf: &'buf [u8],
+    headers: &'headers mut [HeaderSlot<'buf>],
 ) -> HeaderParseState {
     use httparse::Result;
 
     #[cfg(feature = "patched_http1")]
-    fn parse<'buf>(req: &mut httparse::Request<'_, 'buf>, buf: &'buf [u8]) -> Result<usize> {
+    fn parse<'headers, 'buf>(
+        req: &mut httparse::Request<'headers, 'buf>,
+        buf: &'buf [u8],
+        headers: &'headers mut [HeaderSlot<'buf>],
+    ) -> Result<usize> {
+        req.headers = headers;
         req.parse_unchecked(buf)
     }
 
     #[cfg(not(feature = "patched_http1"))]
-    fn parse<'buf>(req: &mut httparse::Request<'_, 'buf>, buf: &'buf [u8]) -> Result<usize> {
-        req.parse(buf)
+    fn parse<'headers, 'buf>(
+        req: &mut httparse::Request<'headers, 'buf>,
+        buf: &'buf [u8],
+        headers: &'headers mut [HeaderSlot<'buf>],
+    ) -> Result<usize> {
+        httparse::ParserConfig::default().parse_request_with_uninit_headers(req, buf, headers)
     }
 
-    let res = match parse(req, buf) {
+    let res = match parse(req, buf, headers) {
         Ok(s) => s,
         Err(e) => {
             return HeaderParseState::Invalid(e);
@@ -1921,6 +1934,42 @@ mod tests_stream {
         let res = http_stream.read_request().await;
         assert_eq!(input.len(), res.unwrap().unwrap());
         assert_eq!(0, http_stream.req_header().headers.len());
+    }
+
+    /// Animal Store's patch: its test. The parser's slots, uninitialized since the patch, hold a
+    /// head of `MAX_HEADERS` fields, each read as it was written, also when the head comes in two
+    /// reads (the first parse stops short, the second starts again with fresh slots); a field
+    /// more is refused, as before.
+    #[tokio::test]
+    async fn read_request_with_as_many_fields_as_slots() {
+        init_log();
+        let head = |fields: usize| {
+            let mut head = b"GET / HTTP/1.1\r\n".to_vec();
+            for i in 0..fields {
+                head.extend_from_slice(format!("X-Field-{i}: value {i}\r\n").as_bytes());
+            }
+            head.extend_from_slice(b"\r\n");
+            head
+        };
+        let input = head(MAX_HEADERS);
+        let (first, second) = input.split_at(input.len() / 2);
+        let mock_io = Builder::new().read(first).read(second).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        let res = http_stream.read_request().await;
+        assert_eq!(input.len(), res.unwrap().unwrap());
+        let headers = &http_stream.req_header().headers;
+        assert_eq!(MAX_HEADERS, headers.len());
+        for i in 0..MAX_HEADERS {
+            assert_eq!(
+                headers[format!("x-field-{i}").as_str()],
+                format!("value {i}")
+            );
+        }
+
+        let input = head(MAX_HEADERS + 1);
+        let mock_io = Builder::new().read(&input).build();
+        let mut http_stream = HttpSession::new(Box::new(mock_io));
+        assert!(http_stream.read_request().await.is_err());
     }
 
     #[cfg(feature = "patched_http1")]
