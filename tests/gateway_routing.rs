@@ -1583,7 +1583,7 @@ fn raw_upstream() -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
 fn scripted_upstream(
     answer: fn(&str) -> (Vec<u8>, Duration),
 ) -> (std::net::SocketAddr, std::sync::mpsc::Receiver<String>) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let (heads, received) = std::sync::mpsc::channel();
@@ -1592,14 +1592,9 @@ fn scripted_upstream(
             let Ok(mut stream) = stream else { return };
             let heads = heads.clone();
             std::thread::spawn(move || {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    if stream.read(&mut byte).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    head.push(byte[0]);
-                }
+                let Some(head) = common::read_request_head(&mut stream) else {
+                    return;
+                };
                 let head = String::from_utf8_lossy(&head).into_owned();
                 let (bytes, hold) = answer(&head);
                 let _ = heads.send(head);

@@ -838,6 +838,20 @@ pub fn wait_metric(admin: SocketAddr, name: &str, within: Duration, want: impl F
     }
 }
 
+/// A request head read from `stream` a byte at a time (so that nothing after it is read), up to
+/// and with its blank line; `None` if the stream ends or fails first.
+pub fn read_request_head(stream: &mut impl std::io::Read) -> Option<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).unwrap_or(0) == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    Some(head)
+}
+
 /// An upstream that reads one request head and never answers. The first receiver gets a message
 /// when the head has arrived; the second says what became of the connection within 10 s after
 /// it: `"closed"` (the gateway closed it), `"more bytes"` or `"still open after 10 s"`.
@@ -855,19 +869,14 @@ pub fn silent_upstream() -> (
         let Ok((mut stream, _)) = listener.accept() else {
             return;
         };
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            if stream.read(&mut byte).unwrap_or(0) == 0 {
-                return;
-            }
-            head.push(byte[0]);
+        if read_request_head(&mut stream).is_none() {
+            return;
         }
         let _ = arrived.send(());
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
-        let _ = saw.send(match stream.read(&mut byte) {
+        let _ = saw.send(match stream.read(&mut [0u8; 1]) {
             Ok(0) => "closed",
             Ok(_) => "more bytes",
             Err(_) => "still open after 10 s",
