@@ -743,7 +743,7 @@ async fn slow_heads_and_silent_connections_over_https_are_closed() {
 
 /// HTTP/2 clients that go away with requests in flight, by cancelling their streams or by
 /// closing the connection, are no failure: nothing is logged above debug and each request
-/// counts as `client_closed`, as over HTTP/1.1 (`tests/gateway_routing.rs`).
+/// counts as `client_closed`, as over HTTP/1.1 (`tests/gateway_routing/connections.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_that_go_away_mid_request_are_counted_not_logged() {
     let dir = tempfile::tempdir().unwrap();
@@ -792,7 +792,7 @@ async fn http2_clients_that_go_away_mid_request_are_counted_not_logged() {
 }
 
 /// An HTTP/2 client that cancels its stream while the upstream is still working is let go at
-/// once, as an HTTP/1.1 client that closes its connection is (`tests/gateway_routing.rs`): the
+/// once, as an HTTP/1.1 client that closes its connection is (`tests/gateway_routing/connections.rs`): the
 /// gateway reads the stream's reset while it waits for the upstream and closes the upstream
 /// connection without waiting for an answer or the route's 30 s timeout; the client's
 /// connection goes on serving.
