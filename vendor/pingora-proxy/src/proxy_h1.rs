@@ -159,15 +159,14 @@ where
             && session.as_mut().is_body_empty()
             && session.as_mut().is_body_done()
         {
+            // As the halves below: a retry asks whether the body is still whole.
             session.as_mut().enable_retry_buffering();
-            if session.as_ref().get_retry_buffer().is_none() {
-                return match self.proxy_1to1_bodiless(session, client_session, ctx).await {
-                    Ok((downstream_can_reuse, upstream_can_reuse)) => {
-                        (downstream_can_reuse, upstream_can_reuse, None)
-                    }
-                    Err(e) => (false, false, Some(e)),
-                };
-            }
+            return match self.proxy_1to1_bodiless(session, client_session, ctx).await {
+                Ok((downstream_can_reuse, upstream_can_reuse)) => {
+                    (downstream_can_reuse, upstream_can_reuse, None)
+                }
+                Err(e) => (false, false, Some(e)),
+            };
         }
 
         let (tx_upstream, rx_upstream) = pipe::channel::<HttpTask, TASK_BUFFER_SIZE>();
