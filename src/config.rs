@@ -73,12 +73,15 @@ pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
     })
 }
 
-/// Checks what the file names beyond itself: the TLS certificate and key (`check-config`).
+/// Checks what the file names beyond itself: the TLS certificate, its key and the session ticket
+/// keys (`check-config`).
 pub fn check_files(config: &FileConfig) -> anyhow::Result<()> {
     let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
     if let Some((_, files)) = &settings.tls {
         animal_store_gateway::tls::load(files, std::time::SystemTime::now())?;
     }
+    // Checked also without a listener in the file, which the command line may give.
+    animal_store_gateway::tls::check_ticket_keys(&config.gateway.tls.ticket_keys)?;
     Ok(())
 }
 

@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::tls::TestCa;
+use common::tls::{TestCa, exchange, list_and_close};
 use common::{Stack, assert_error, cli, client, free_addr, metric, shipped_config, wait_metric};
 use nix::sys::signal::{Signal, kill};
 use reqwest::Version;
@@ -143,28 +143,6 @@ async fn https_over_http2_and_http1_answers_exactly_as_plain_http() {
     assert_eq!(h1, plain, "HTTP/1.1 over TLS");
 }
 
-/// Writes `request` on `s` and reads the answer until the gateway closes the connection.
-async fn exchange(
-    s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-    request: &[u8],
-) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    s.write_all(request).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
-        .await
-        .expect("answered and closed")
-        .unwrap();
-    String::from_utf8_lossy(&answer).into_owned()
-}
-
-/// A GET of the pets with `api_key` that asks the gateway to close the connection after it.
-fn list_and_close(api_key: &str) -> String {
-    format!(
-        "GET /v1/pets HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {api_key}\r\nConnection: close\r\n\r\n"
-    )
-}
-
 /// The gateway agrees on the hybrid post-quantum key exchange with a client that offers it first,
 /// as browsers do, and on a classic group with one that offers only classic groups, serving a GET
 /// over each; a client whose only group the gateway does not offer is refused in the handshake.
@@ -207,74 +185,6 @@ async fn post_quantum_key_exchange_is_agreed_first_and_classic_groups_still_serv
         refused.is_err(),
         "MLKEM1024 alone is not among the gateway's groups"
     );
-}
-
-/// A returning client resumes its session with the ticket the gateway gave it, over TLS 1.3 and
-/// 1.2, even after more new clients came in between than rustls's session cache holds (256, the
-/// only resumption without tickets: each of the 300 here leaves two TLS 1.3 sessions or one 1.2
-/// session in it); each resumed connection is served. A ticket from another gateway (of a fleet,
-/// or from before a restart) gets a full handshake, and is served too. `/metrics` counts each
-/// kind of handshake.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn returning_clients_resume_with_tickets_after_many_others_and_foreign_tickets_get_a_full_handshake()
- {
-    use common::tls::connect_with;
-    use tokio_rustls::rustls::HandshakeKind::{Full, Resumed};
-    use tokio_rustls::rustls::version::{TLS12, TLS13};
-    let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let ca = TestCa::new();
-    let (cert, key) = ca.leaf(dir.path(), "server", false);
-    let (stack, tls) = tls_stack(dir.path(), &cert, &key);
-    let (other, other_tls) = tls_stack(other_dir.path(), &cert, &key);
-    let get = |stack: &Stack| list_and_close(&stack.key(&["--plan", "pro"]));
-    let (get, other_get) = (get(&stack), get(&other));
-    // Answered by the gateway itself, with no key and nothing counted.
-    let keyless = "GET /v1/docs/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    for version in [&TLS13, &TLS12] {
-        let returning = ca.client_config(b"http/1.1", &[version]);
-        let mut kinds = Vec::new();
-        let mut visit = async |addr: SocketAddr, request: &str| {
-            let mut s = connect_with(&returning, addr).await.unwrap();
-            kinds.push(s.get_ref().1.handshake_kind().unwrap());
-            // Read to the end: a TLS 1.3 ticket comes after the handshake.
-            let answer = exchange(&mut s, request.as_bytes()).await;
-            assert!(answer.starts_with("HTTP/1.1 200 "), "{version:?}: {answer}");
-        };
-        visit(tls, &get).await;
-        visit(tls, &get).await;
-        for _ in 0..300 {
-            let mut s = connect_with(&ca.client_config(b"http/1.1", &[version]), tls)
-                .await
-                .unwrap();
-            assert_eq!(s.get_ref().1.handshake_kind(), Some(Full));
-            let answer = exchange(&mut s, keyless.as_bytes()).await;
-            assert!(answer.starts_with("HTTP/1.1 308 "), "{answer}");
-        }
-        visit(tls, &get).await;
-        visit(other_tls, &other_get).await;
-        assert_eq!(
-            kinds,
-            [Full, Resumed, Resumed, Full],
-            "{version:?}: first visit, return, return after 300 others, another gateway"
-        );
-    }
-    for (name, version) in [("TLSv1.3", &TLS13), ("TLSv1.2", &TLS12)] {
-        let count = |stack: &Stack, session: &str| {
-            let series =
-                format!("gateway_tls_handshakes_total{{session=\"{session}\",version=\"{name}\"}}");
-            metric(stack.admin, &series).unwrap_or(0.0)
-        };
-        assert_eq!(
-            [count(&stack, "full"), count(&stack, "resumed")],
-            [301.0, 2.0],
-            "{version:?}: the first visit and the 300 others full, two returns resumed"
-        );
-        assert_eq!(
-            [count(&other, "full"), count(&other, "resumed")],
-            [1.0, 0.0],
-            "{version:?}: the other gateway's one full handshake"
-        );
-    }
 }
 
 /// Large bodies cross HTTP/2 whole, many streams at a time on one connection: 100 creates at

@@ -129,7 +129,7 @@ impl Default for CorsConfig {
     }
 }
 
-/// `[gateway.tls]`: all three keys, or none.
+/// `[gateway.tls]`: `listen`, `cert` and `key` all three, or none.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
@@ -139,6 +139,11 @@ pub struct TlsConfig {
     pub cert: Option<std::path::PathBuf>,
     /// PEM private key of the certificate (`--tls-key`).
     pub key: Option<std::path::PathBuf>,
+    /// Files of 80 random bytes each, the same on every gateway of a fleet, so that any of them
+    /// resumes a session another gave out, and so does a restarted one: the first makes new
+    /// session tickets, all of them open tickets. Empty: keys of each process's own. Used by the
+    /// TLS listener however it is given (here or on the command line).
+    pub ticket_keys: Vec<std::path::PathBuf>,
 }
 
 /// `[gateway.redis]`.

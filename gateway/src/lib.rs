@@ -155,7 +155,7 @@ pub fn run(
     reload: Reload,
 ) -> Result<(), StartError> {
     let certificate = match &settings.tls {
-        Some((_, files)) => Some(tls::CertResolver::load(files.clone())?),
+        Some((_, files)) => Some(tls::CertResolver::load(files)?),
         None => None,
     };
     let source = key_source(&settings, data_dir)?;

@@ -23,10 +23,11 @@ pub struct Reload {
 }
 
 /// Re-reads what a `SIGHUP` asks for: the configuration file (routes, upstreams, plans, bans,
-/// deprecations, timeouts, CORS, body and header limits) and the TLS certificate. The new
-/// configuration is validated whole and swapped in atomically; a file with any error changes
-/// nothing, is logged with what and where, and is counted. Requests in flight finish with the
-/// configuration they started with; connections stay open; counts stay in the limit store.
+/// deprecations, timeouts, CORS, body and header limits), the TLS certificate and the session
+/// ticket keys, from the files it names now. The new configuration is validated whole and
+/// swapped in atomically; a file with any error changes nothing, is logged with what and where,
+/// and is counted. Requests in flight finish with the configuration they started with;
+/// connections stay open; counts stay in the limit store.
 pub(crate) struct Reloads {
     pub(crate) reload: Reload,
     pub(crate) certificate: Option<Arc<tls::CertResolver>>,
@@ -55,18 +56,16 @@ impl BackgroundService for Reloads {
 
 impl Reloads {
     async fn reload(&self) {
-        let fresh = (self.reload.reread)();
-        let fresh = fresh.and_then(|fresh| {
-            let certificate = match &self.certificate {
-                Some(c) => c.reload().map_err(|e| format!("TLS: {e}")),
-                None => Ok(()),
-            };
-            certificate.map(|()| fresh)
+        let old = self.live.load_full();
+        let fresh = (self.reload.reread)().and_then(|mut fresh| {
+            keep_restart_only(&old, &mut fresh);
+            if let (Some(c), Some((_, files))) = (&self.certificate, &fresh.tls) {
+                c.reload(files).map_err(|e| format!("TLS: {e}"))?;
+            }
+            Ok(fresh)
         });
         match fresh {
             Ok(mut fresh) => {
-                let old = self.live.load_full();
-                keep_restart_only(&old, &mut fresh);
                 fresh.routes = fresh.routes.keeping_pools_of(&old.routes);
                 self.keyring.set_plans(fresh.plans.clone()).await;
                 if let LimitStore::Embedded(store) = &*self.limits {
@@ -116,7 +115,11 @@ fn keep_restart_only(old: &Settings, fresh: &mut Settings) {
     fresh.listen = old.listen;
     fresh.admin_listen = old.admin_listen;
     fresh.threads = old.threads;
-    fresh.tls = old.tls.clone();
+    // The listener stays where it is; its files are the fresh configuration's.
+    fresh.tls = match (&old.tls, fresh.tls.take()) {
+        (Some((listen, _)), Some((_, files))) => Some((*listen, files)),
+        (old, _) => old.clone(),
+    };
     fresh.redis = old.redis.clone();
     fresh.auth_failures_per_minute = old.auth_failures_per_minute;
     fresh.key_refresh = old.key_refresh;

@@ -134,12 +134,14 @@ impl Settings {
             }),
         };
         let tls = match (&config.tls.listen, &config.tls.cert, &config.tls.key) {
+            // Ticket keys alone: for a TLS listener given on the command line.
             (None, None, None) => None,
             (Some(listen), Some(cert), Some(key)) => Some((
                 *listen,
                 TlsFiles {
                     cert: cert.clone(),
                     key: key.clone(),
+                    ticket_keys: config.tls.ticket_keys.clone(),
                 },
             )),
             _ => {

@@ -37,13 +37,18 @@ use rustls_pki_types::pem::{self, PemObject};
 
 use crate::metrics;
 
-/// The certificate chain and key files of the TLS listener.
+mod tickets;
+
+/// The files of the TLS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
     /// PEM certificate, leaf first, intermediates after it.
     pub cert: PathBuf,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
+    /// Session ticket keys shared with other gateways, the first encrypting (none: keys of this
+    /// process's own).
+    pub ticket_keys: Vec<PathBuf>,
 }
 
 /// Why a certificate or key cannot be used; always names the file.
@@ -59,6 +64,11 @@ fn error(path: &Path, message: impl Into<String>) -> TlsError {
         path: path.to_owned(),
         message: message.into(),
     }
+}
+
+/// Checks session ticket key files as a start would (`check-config`).
+pub fn check_ticket_keys(files: &[PathBuf]) -> Result<(), TlsError> {
+    tickets::read(files).map(|_| ())
 }
 
 /// Reads and checks the certificate and key, for use at `now`.
@@ -210,40 +220,46 @@ fn read_ca(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), TlsEr
     Ok((pem, certs))
 }
 
-/// The certificate the TLS listener presents, swappable while it runs.
+/// The certificate the TLS listener presents and the keys of its session tickets, both
+/// swappable while it runs.
 pub struct CertResolver {
-    files: TlsFiles,
     current: ArcSwap<CertifiedKey>,
+    ticket_keys: tickets::SharedKeys,
 }
 
 impl CertResolver {
-    /// Loads the certificate now; fails with the file at fault.
-    pub fn load(files: TlsFiles) -> Result<Arc<CertResolver>, TlsError> {
-        let current = load(&files, SystemTime::now())?;
+    /// Loads the certificate and the ticket keys now; fails with the file at fault.
+    pub fn load(files: &TlsFiles) -> Result<Arc<CertResolver>, TlsError> {
+        let current = load(files, SystemTime::now())?;
+        let ticket_keys = tickets::read(&files.ticket_keys)?;
         Ok(Arc::new(CertResolver {
-            files,
             current: ArcSwap::new(current),
+            ticket_keys: Arc::new(ArcSwap::from_pointee(ticket_keys)),
         }))
     }
 
-    /// Reads the files again; new handshakes get the new certificate, open connections keep
-    /// theirs. A file with an error changes nothing.
-    pub fn reload(&self) -> Result<(), TlsError> {
-        let fresh = load(&self.files, SystemTime::now())?;
+    /// Reads `files` (the configuration's as it now stands); new handshakes get the new
+    /// certificate and tickets made and opened with the new keys, open connections keep their
+    /// certificate. A file with an error changes nothing, neither certificate nor keys.
+    pub fn reload(&self, files: &TlsFiles) -> Result<(), TlsError> {
+        let fresh = load(files, SystemTime::now())?;
+        let ticket_keys = tickets::read(&files.ticket_keys)?;
         self.current.store(fresh);
+        self.ticket_keys.store(Arc::new(ticket_keys));
         Ok(())
     }
 
     /// pingora's listener settings: this resolver, HTTP/2 offered before HTTP/1.1, and session
     /// tickets, so that a returning client resumes its session however many others came in
     /// between: rustls's stateful cache, the only resumption without a ticketer, holds the last
-    /// 256 sessions. [`aws_lc_rs::Ticketer`] is RFC 5077's AES-256 and HMAC-SHA256 with a new
-    /// key every six hours, the one before kept to decrypt, so a ticket serves 12 hours at most.
-    /// The key is this process's, made here from the system's random numbers and never written
-    /// anywhere, so a ticket from another gateway of a fleet, or from before a restart, gets a
-    /// full handshake. A TLS 1.3 resumption still agrees a fresh key (rustls accepts only
+    /// 256 sessions. Tickets are RFC 5077's construction (AES-256-CBC and HMAC-SHA256) under the
+    /// keys of `gateway.tls.ticket_keys`, shared by a fleet (`tls/tickets.rs`); without them, under
+    /// [`aws_lc_rs::Ticketer`]'s, which makes a key from the system's random numbers every six
+    /// hours and keeps the one before to decrypt, so a ticket serves 12 hours at most, never
+    /// written anywhere: a ticket from another gateway, or from before a restart, gets a full
+    /// handshake. A TLS 1.3 resumption still agrees a fresh key (rustls accepts only
     /// `psk_dhe_ke`), so the ticket key alone does not open its traffic; a TLS 1.2 ticket holds
-    /// its session's secret, which is why the key is rotated.
+    /// its session's secret, which is why keys are rotated.
     ///
     /// Each completed handshake is counted in [`metrics::TLS_HANDSHAKES`].
     pub fn listener_settings(self: &Arc<Self>) -> Result<TlsSettings, rustls::Error> {
@@ -251,7 +267,10 @@ impl CertResolver {
             .expect("settings without files cannot fail");
         settings.set_cert_resolver(self.clone());
         settings.enable_h2();
-        settings.set_ticketer(aws_lc_rs::Ticketer::new()?);
+        settings.set_ticketer(Arc::new(tickets::Tickets::new(
+            self.ticket_keys.clone(),
+            aws_lc_rs::Ticketer::new()?,
+        )));
         Ok(settings)
     }
 }
@@ -292,9 +311,8 @@ impl ResolvesServerCert for CertResolver {
 }
 
 impl fmt::Debug for CertResolver {
+    /// Neither the certificate's key nor the ticket keys.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CertResolver")
-            .field("files", &self.files)
-            .finish_non_exhaustive()
+        f.debug_struct("CertResolver").finish_non_exhaustive()
     }
 }

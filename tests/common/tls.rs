@@ -187,3 +187,28 @@ pub async fn connect_with(
         .connect("localhost".try_into().unwrap(), tcp)
         .await
 }
+
+/// Writes `request` on `s` and reads the answer until the gateway closes the connection.
+pub async fn exchange(
+    s: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    request: &[u8],
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        s.read_to_end(&mut answer),
+    )
+    .await
+    .expect("answered and closed")
+    .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A GET of the pets with `api_key` that asks the gateway to close the connection after it.
+pub fn list_and_close(api_key: &str) -> String {
+    format!(
+        "GET /v1/pets HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {api_key}\r\nConnection: close\r\n\r\n"
+    )
+}
