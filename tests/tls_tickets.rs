@@ -15,11 +15,6 @@ use tokio_rustls::rustls::HandshakeKind::{self, Full, Resumed};
 use tokio_rustls::rustls::version::{TLS12, TLS13};
 use tokio_rustls::rustls::{ClientConfig, SupportedProtocolVersion};
 
-/// A stack serving HTTPS on an extra port with `cert` and `key`, configured by `config`.
-fn tls_stack(dir: &Path, config: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
-    Stack::start_tls(dir, config, cert, key)
-}
-
 /// A key file of 80 random bytes, as `openssl rand 80` writes.
 fn ticket_key(dir: &Path, name: &str) -> PathBuf {
     let mut bytes = [0u8; 80];
@@ -80,8 +75,8 @@ async fn returning_clients_resume_with_tickets_after_many_others_and_foreign_tic
     let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let ca = TestCa::new();
     let (cert, key) = ca.leaf(dir.path(), "server", false);
-    let (stack, tls) = tls_stack(dir.path(), &shipped_config(), &cert, &key);
-    let (other, other_tls) = tls_stack(other_dir.path(), &shipped_config(), &cert, &key);
+    let (stack, tls) = Stack::start_tls(dir.path(), &shipped_config(), &cert, &key);
+    let (other, other_tls) = Stack::start_tls(other_dir.path(), &shipped_config(), &cert, &key);
     let get = |stack: &Stack| list_and_close(&stack.key(&["--plan", "pro"]));
     let (get, other_get) = (get(&stack), get(&other));
     // Answered by the gateway itself, with no key and nothing counted.
@@ -141,8 +136,8 @@ async fn gateways_sharing_ticket_keys_resume_each_others_sessions_through_a_rota
     let (a_config, b_config) = (a_dir.path().join("a.toml"), b_dir.path().join("b.toml"));
     write_config(&a_config, &[&old]);
     write_config(&b_config, &[&old]);
-    let (a, a_tls) = tls_stack(a_dir.path(), &a_config, &cert, &key);
-    let (b, b_tls) = tls_stack(b_dir.path(), &b_config, &cert, &key);
+    let (a, a_tls) = Stack::start_tls(a_dir.path(), &a_config, &cert, &key);
+    let (b, b_tls) = Stack::start_tls(b_dir.path(), &b_config, &cert, &key);
     let (a_get, b_get) = (
         list_and_close(&a.key(&["--plan", "pro"])),
         list_and_close(&b.key(&["--plan", "pro"])),
