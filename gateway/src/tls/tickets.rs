@@ -7,7 +7,8 @@
 //! rotates without a full handshake for anyone: a new key is added in second place everywhere,
 //! then moved first, and the oldest dropped (each step a `SIGHUP`). A ticket is RFC 5077's
 //! recommended construction, as rustls's own ticketer makes it: key name, IV, AES-256-CBC of the
-//! session state, HMAC-SHA256 over all three and the state's length.
+//! session state, HMAC-SHA256 over all three and the state's length. With no files listed, the
+//! listener's tickets are rustls's own, under keys this process makes and rotates ([`Tickets`]).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
