@@ -1,6 +1,7 @@
 //! TLS session resumption with tickets, through the real binary: a returning client resumes at
 //! the gateway that served it, and, with `[gateway.tls] ticket_keys`, at any gateway sharing the
-//! key files, through a rotation made with `SIGHUP`.
+//! key files, through a rotation made with `SIGHUP`; with tickets off, only from the gateway's
+//! cache of sessions.
 
 mod common;
 
@@ -30,13 +31,19 @@ fn write_config(path: &Path, ticket_keys: &[&Path]) {
         .iter()
         .map(|k| format!("{:?}", k.display().to_string()))
         .collect();
+    write_tls_config(path, &format!("ticket_keys = [{}]", list.join(", ")));
+}
+
+/// Writes the shipped configuration with `lines` in place of its `ticket_keys` and
+/// `session_tickets` to `path`.
+fn write_tls_config(path: &Path, lines: &str) {
     let shipped = std::fs::read_to_string(shipped_config()).unwrap();
-    let text = shipped.replacen(
-        "\nticket_keys = []\n",
-        &format!("\nticket_keys = [{}]\n", list.join(", ")),
-        1,
-    );
-    assert_ne!(text, shipped);
+    let ours = "\nticket_keys = []\n";
+    let theirs = "\nsession_tickets = true\n";
+    assert!(shipped.contains(ours) && shipped.contains(theirs));
+    let text = shipped
+        .replacen(theirs, "\n", 1)
+        .replacen(ours, &format!("\n{lines}\n"), 1);
     std::fs::write(path, text).unwrap();
 }
 
@@ -217,7 +224,8 @@ async fn gateways_sharing_ticket_keys_resume_each_others_sessions_through_a_rota
 }
 
 /// A ticket key file that is not 80 bytes stops the start and fails `check-config`, naming the
-/// file, whether the file gives the TLS listener too or the command line does.
+/// file, whether the file gives the TLS listener too or the command line does; keys with
+/// `session_tickets = false` are a configuration error.
 #[test]
 fn a_ticket_key_file_that_is_no_key_is_a_clear_error_at_start_and_in_check_config() {
     let dir = tempfile::tempdir().unwrap();
@@ -278,5 +286,64 @@ fn a_ticket_key_file_that_is_no_key_is_a_clear_error_at_start_and_in_check_confi
     for file in [&config, &complete] {
         let (code, _, stderr) = cli(&["check-config", file.to_str().unwrap()]);
         assert_eq!(code, 0, "{stderr}");
+    }
+    // Keys for tickets that are off: a contradiction, not a silent choice.
+    let both = dir.path().join("both.toml");
+    write_tls_config(
+        &both,
+        &format!(
+            "ticket_keys = [{:?}]\nsession_tickets = false",
+            short.display().to_string()
+        ),
+    );
+    let (code, _, stderr) = cli(&["check-config", both.to_str().unwrap()]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("gateway.tls.ticket_keys: no keys with session_tickets = false"),
+        "{stderr}"
+    );
+}
+
+/// With `session_tickets = false` the gateway gives no tickets (TLS 1.3 and 1.2): a client that
+/// returns at once resumes from the gateway's cache of sessions, one that returns after 300 others
+/// does not. `SIGHUP` turns tickets on again, and a return after 300 others resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_session_tickets_off_only_the_cache_of_sessions_resumes_and_sighup_turns_them_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let config = dir.path().join("off.toml");
+    write_tls_config(&config, "session_tickets = false");
+    let (stack, tls) = Stack::start_tls(dir.path(), &config, &cert, &key);
+    let get = list_and_close(&stack.key(&["--plan", "pro"]));
+    let keyless = "GET /v1/docs/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let others = async |version| {
+        for _ in 0..300 {
+            let mut s = connect_with(&ca.client_config(b"http/1.1", &[version]), tls)
+                .await
+                .unwrap();
+            let answer = exchange(&mut s, keyless.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 308 "), "{answer}");
+        }
+    };
+    let versions: [&'static SupportedProtocolVersion; 2] = [&TLS13, &TLS12];
+    for version in versions {
+        let returning = ca.client_config(b"http/1.1", &[version]);
+        let mut kinds = vec![visit(&returning, tls, &get).await];
+        kinds.push(visit(&returning, tls, &get).await);
+        others(version).await;
+        kinds.push(visit(&returning, tls, &get).await);
+        assert_eq!(kinds, [Full, Resumed, Full], "{version:?}: off");
+    }
+    write_tls_config(&config, "session_tickets = true");
+    kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
+    let series = "gateway_reloads_total{result=\"ok\"}";
+    wait_metric(stack.admin, series, Duration::from_secs(10), |v| v >= 1.0);
+    for version in versions {
+        let returning = ca.client_config(b"http/1.1", &[version]);
+        let mut kinds = vec![visit(&returning, tls, &get).await];
+        others(version).await;
+        kinds.push(visit(&returning, tls, &get).await);
+        assert_eq!(kinds, [Full, Resumed], "{version:?}: on again");
     }
 }

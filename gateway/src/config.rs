@@ -130,7 +130,7 @@ impl Default for CorsConfig {
 }
 
 /// `[gateway.tls]`: `listen`, `cert` and `key` all three, or none.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
     /// Where HTTPS (HTTP/2 and HTTP/1.1 by ALPN) is served (`--tls-listen`).
@@ -144,6 +144,22 @@ pub struct TlsConfig {
     /// session tickets, all of them open tickets. Empty: keys of each process's own. Used by the
     /// TLS listener however it is given (here or on the command line).
     pub ticket_keys: Vec<std::path::PathBuf>,
+    /// False: no session tickets (nginx's `ssl_session_tickets off`), so no ticket key ever
+    /// holds a session's secret; a returning client resumes only from this process's cache of
+    /// the last 256 sessions.
+    pub session_tickets: bool,
+}
+
+impl Default for TlsConfig {
+    fn default() -> TlsConfig {
+        TlsConfig {
+            listen: None,
+            cert: None,
+            key: None,
+            ticket_keys: Vec::new(),
+            session_tickets: true,
+        }
+    }
 }
 
 /// `[gateway.redis]`.

@@ -133,6 +133,9 @@ impl Settings {
                 fallback: config.redis.fallback,
             }),
         };
+        if !config.tls.session_tickets && !config.tls.ticket_keys.is_empty() {
+            return Err("gateway.tls.ticket_keys: no keys with session_tickets = false".to_owned());
+        }
         let tls = match (&config.tls.listen, &config.tls.cert, &config.tls.key) {
             // Ticket keys alone: for a TLS listener given on the command line.
             (None, None, None) => None,
@@ -142,6 +145,7 @@ impl Settings {
                     cert: cert.clone(),
                     key: key.clone(),
                     ticket_keys: config.tls.ticket_keys.clone(),
+                    session_tickets: config.tls.session_tickets,
                 },
             )),
             _ => {

@@ -49,6 +49,8 @@ pub struct TlsFiles {
     /// Session ticket keys shared with other gateways, the first encrypting (none: keys of this
     /// process's own).
     pub ticket_keys: Vec<PathBuf>,
+    /// Whether the listener gives session tickets at all.
+    pub session_tickets: bool,
 }
 
 /// Why a certificate or key cannot be used; always names the file.
@@ -68,7 +70,7 @@ fn error(path: &Path, message: impl Into<String>) -> TlsError {
 
 /// Checks session ticket key files as a start would (`check-config`).
 pub fn check_ticket_keys(files: &[PathBuf]) -> Result<(), TlsError> {
-    tickets::read(files).map(|_| ())
+    tickets::read(files, true).map(|_| ())
 }
 
 /// Reads and checks the certificate and key, for use at `now`.
@@ -231,7 +233,7 @@ impl CertResolver {
     /// Loads the certificate and the ticket keys now; fails with the file at fault.
     pub fn load(files: &TlsFiles) -> Result<Arc<CertResolver>, TlsError> {
         let current = load(files, SystemTime::now())?;
-        let ticket_keys = tickets::read(&files.ticket_keys)?;
+        let ticket_keys = tickets::read(&files.ticket_keys, files.session_tickets)?;
         Ok(Arc::new(CertResolver {
             current: ArcSwap::new(current),
             ticket_keys: Arc::new(ArcSwap::from_pointee(ticket_keys)),
@@ -243,7 +245,7 @@ impl CertResolver {
     /// certificate. A file with an error changes nothing, neither certificate nor keys.
     pub fn reload(&self, files: &TlsFiles) -> Result<(), TlsError> {
         let fresh = load(files, SystemTime::now())?;
-        let ticket_keys = tickets::read(&files.ticket_keys)?;
+        let ticket_keys = tickets::read(&files.ticket_keys, files.session_tickets)?;
         self.current.store(fresh);
         self.ticket_keys.store(Arc::new(ticket_keys));
         Ok(())

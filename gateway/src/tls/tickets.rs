@@ -42,16 +42,24 @@ struct TicketKey {
     decrypt: PaddedBlockDecryptingKey,
 }
 
-/// The keys of the files, in their order: the first encrypts, all decrypt. Empty: no files
-/// are configured, and tickets are made with keys of this process's own.
-pub struct KeyList(Vec<TicketKey>);
+/// What the listener's tickets are made with: the keys of the files, in their order (the first
+/// encrypts, all decrypt; none: keys of this process's own), or no tickets at all.
+pub struct KeyList {
+    keys: Vec<TicketKey>,
+    /// `gateway.tls.session_tickets`: false, rustls resumes only from its cache of sessions.
+    enabled: bool,
+}
 
 /// The key list in force, swapped by `SIGHUP` ([`crate::tls::CertResolver::reload`]).
 pub type SharedKeys = Arc<ArcSwap<KeyList>>;
 
 /// Reads and checks the key files (none: an empty list); fails naming the file at fault.
-pub fn read(files: &[PathBuf]) -> Result<KeyList, TlsError> {
-    read_keys(files).map(KeyList)
+/// Tickets are made only if `enabled`.
+pub fn read(files: &[PathBuf], enabled: bool) -> Result<KeyList, TlsError> {
+    Ok(KeyList {
+        keys: read_keys(files)?,
+        enabled,
+    })
 }
 
 /// The listener's ticketer: the files' keys when there are any, else `own`, rustls's ticketer
@@ -119,12 +127,14 @@ fn mac_input(name: &[u8], iv: &[u8], state: &[u8]) -> Option<Vec<u8>> {
 }
 
 impl ProducesTickets for Tickets {
+    /// Asked by rustls at each handshake: false, it sends no ticket, and resumes (TLS 1.2 session
+    /// ids, TLS 1.3 tickets that only name a session) from its cache of the last 256 sessions.
     fn enabled(&self) -> bool {
-        true
+        self.keys.load().enabled
     }
 
     fn lifetime(&self) -> u32 {
-        if self.keys.load().0.is_empty() {
+        if self.keys.load().keys.is_empty() {
             self.own.lifetime()
         } else {
             LIFETIME_SECONDS
@@ -133,7 +143,7 @@ impl ProducesTickets for Tickets {
 
     fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
         let keys = self.keys.load();
-        let Some(key) = keys.0.first() else {
+        let Some(key) = keys.keys.first() else {
             return self.own.encrypt(plain);
         };
         let mut state = plain.to_vec();
@@ -147,7 +157,7 @@ impl ProducesTickets for Tickets {
     /// (compared in constant time) before anything is decrypted.
     fn decrypt(&self, ticket: &[u8]) -> Option<Vec<u8>> {
         let keys = self.keys.load();
-        if keys.0.is_empty() {
+        if keys.keys.is_empty() {
             return self.own.decrypt(ticket);
         }
         if ticket.len() > MAX_TICKET_BYTES {
@@ -157,7 +167,7 @@ impl ProducesTickets for Tickets {
         let (iv, rest) = rest.split_at_checked(AES_CBC_IV_LEN)?;
         let tag_bytes = hmac::HMAC_SHA256.digest_algorithm().output_len();
         let (state, tag) = rest.split_at_checked(rest.len().checked_sub(tag_bytes)?)?;
-        let key = keys.0.iter().find(|k| k.name == name)?;
+        let key = keys.keys.iter().find(|k| k.name == name)?;
         hmac::verify(&key.hmac, &mac_input(name, iv, state)?, tag).ok()?;
         let iv = iv::FixedLength::try_from(iv).ok()?;
         let mut buffer = state.to_vec();
@@ -173,7 +183,7 @@ impl fmt::Debug for Tickets {
     /// How many keys, never the keys.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tickets")
-            .field("keys_from_files", &self.keys.load().0.len())
+            .field("keys_from_files", &self.keys.load().keys.len())
             .finish_non_exhaustive()
     }
 }

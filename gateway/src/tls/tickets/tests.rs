@@ -15,7 +15,11 @@ fn key_file(dir: &Path, name: &str) -> PathBuf {
 
 /// The keys of `files`, checked.
 fn list(files: &[&PathBuf]) -> KeyList {
-    read(&files.iter().map(|f| (*f).clone()).collect::<Vec<_>>()).unwrap()
+    read(
+        &files.iter().map(|f| (*f).clone()).collect::<Vec<_>>(),
+        true,
+    )
+    .unwrap()
 }
 
 /// A gateway's ticketer over the keys of `files`, and its handle to swap them as `SIGHUP` does.
@@ -134,7 +138,7 @@ fn a_ticket_cut_short_or_altered_anywhere_is_not_decrypted() {
 #[test]
 fn files_that_are_no_key_are_errors_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let message = |files: Vec<PathBuf>| read(&files).map(|_| ()).unwrap_err().to_string();
+    let message = |files: Vec<PathBuf>| read(&files, true).map(|_| ()).unwrap_err().to_string();
     for size in [0, 48, 79, 81] {
         let path = dir.path().join(format!("{size}.key"));
         std::fs::write(&path, vec![1u8; size]).unwrap();
@@ -161,6 +165,16 @@ fn files_that_are_no_key_are_errors_naming_the_file() {
         text.starts_with(&format!("{}: a ticket key listed twice", copy.display())),
         "{text}"
     );
+}
+
+#[test]
+fn tickets_switched_off_and_on_again() {
+    let (gateway, swap) = tickets(&[]);
+    assert!(gateway.enabled());
+    swap.store(Arc::new(read(&[], false).unwrap()));
+    assert!(!gateway.enabled(), "rustls then sends no ticket");
+    swap.store(Arc::new(read(&[], true).unwrap()));
+    assert!(gateway.enabled());
 }
 
 #[test]
