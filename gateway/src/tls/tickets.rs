@@ -19,6 +19,7 @@ use aws_lc_rs::cipher::{
     AES_256, AES_CBC_IV_LEN, DecryptionContext, PaddedBlockDecryptingKey, PaddedBlockEncryptingKey,
     UnboundCipherKey,
 };
+use aws_lc_rs::error::Unspecified;
 use aws_lc_rs::{hmac, iv};
 use rustls::server::ProducesTickets;
 
@@ -106,17 +107,13 @@ fn read_key(path: &Path) -> Result<TicketKey, TlsError> {
     }
     let (name, secrets) = bytes.split_at(NAME_BYTES);
     let (hmac_key, aes_key) = secrets.split_at(HMAC_KEY_BYTES);
-    let cipher = || {
-        UnboundCipherKey::new(&AES_256, aes_key)
-            .map_err(|_| error(path, "not a usable AES-256 key"))
-    };
+    let unusable = |_: Unspecified| error(path, "not a usable AES-256 key");
+    let cipher = || UnboundCipherKey::new(&AES_256, aes_key).map_err(unusable);
     Ok(TicketKey {
         name: name.try_into().expect("16 bytes"),
         hmac: hmac::Key::new(hmac::HMAC_SHA256, hmac_key),
-        encrypt: PaddedBlockEncryptingKey::cbc_pkcs7(cipher()?)
-            .map_err(|_| error(path, "not a usable AES-256 key"))?,
-        decrypt: PaddedBlockDecryptingKey::cbc_pkcs7(cipher()?)
-            .map_err(|_| error(path, "not a usable AES-256 key"))?,
+        encrypt: PaddedBlockEncryptingKey::cbc_pkcs7(cipher()?).map_err(unusable)?,
+        decrypt: PaddedBlockDecryptingKey::cbc_pkcs7(cipher()?).map_err(unusable)?,
     })
 }
 
