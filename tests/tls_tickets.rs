@@ -70,6 +70,24 @@ fn handshakes(stack: &Stack, version: &str) -> [f64; 2] {
     })
 }
 
+/// 300 new clients of `version`, one connection each, more than rustls's cache of sessions holds
+/// (256): each a full handshake, answered by the gateway itself (no key, nothing counted).
+async fn three_hundred_others(
+    ca: &TestCa,
+    addr: SocketAddr,
+    version: &'static SupportedProtocolVersion,
+) {
+    let keyless = "GET /v1/docs/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    for _ in 0..300 {
+        let mut s = connect_with(&ca.client_config(b"http/1.1", &[version]), addr)
+            .await
+            .unwrap();
+        assert_eq!(s.get_ref().1.handshake_kind(), Some(Full));
+        let answer = exchange(&mut s, keyless.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 308 "), "{answer}");
+    }
+}
+
 /// A returning client resumes its session with the ticket the gateway gave it, over TLS 1.3 and
 /// 1.2, even after more new clients came in between than rustls's session cache holds (256, the
 /// only resumption without tickets: each of the 300 here leaves two TLS 1.3 sessions or one 1.2
@@ -86,20 +104,11 @@ async fn returning_clients_resume_with_tickets_after_many_others_and_foreign_tic
     let (other, other_tls) = Stack::start_tls(other_dir.path(), &shipped_config(), &cert, &key);
     let get = |stack: &Stack| list_and_close(&stack.key(&["--plan", "pro"]));
     let (get, other_get) = (get(&stack), get(&other));
-    // Answered by the gateway itself, with no key and nothing counted.
-    let keyless = "GET /v1/docs/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
     for version in [&TLS13, &TLS12] {
         let returning = ca.client_config(b"http/1.1", &[version]);
         let mut kinds = vec![visit(&returning, tls, &get).await];
         kinds.push(visit(&returning, tls, &get).await);
-        for _ in 0..300 {
-            let mut s = connect_with(&ca.client_config(b"http/1.1", &[version]), tls)
-                .await
-                .unwrap();
-            assert_eq!(s.get_ref().1.handshake_kind(), Some(Full));
-            let answer = exchange(&mut s, keyless.as_bytes()).await;
-            assert!(answer.starts_with("HTTP/1.1 308 "), "{answer}");
-        }
+        three_hundred_others(&ca, tls, version).await;
         kinds.push(visit(&returning, tls, &get).await);
         kinds.push(visit(&returning, other_tls, &other_get).await);
         assert_eq!(
@@ -316,22 +325,12 @@ async fn with_session_tickets_off_only_the_cache_of_sessions_resumes_and_sighup_
     write_tls_config(&config, "session_tickets = false");
     let (stack, tls) = Stack::start_tls(dir.path(), &config, &cert, &key);
     let get = list_and_close(&stack.key(&["--plan", "pro"]));
-    let keyless = "GET /v1/docs/ HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    let others = async |version| {
-        for _ in 0..300 {
-            let mut s = connect_with(&ca.client_config(b"http/1.1", &[version]), tls)
-                .await
-                .unwrap();
-            let answer = exchange(&mut s, keyless.as_bytes()).await;
-            assert!(answer.starts_with("HTTP/1.1 308 "), "{answer}");
-        }
-    };
     let versions: [&'static SupportedProtocolVersion; 2] = [&TLS13, &TLS12];
     for version in versions {
         let returning = ca.client_config(b"http/1.1", &[version]);
         let mut kinds = vec![visit(&returning, tls, &get).await];
         kinds.push(visit(&returning, tls, &get).await);
-        others(version).await;
+        three_hundred_others(&ca, tls, version).await;
         kinds.push(visit(&returning, tls, &get).await);
         assert_eq!(kinds, [Full, Resumed, Full], "{version:?}: off");
     }
@@ -342,7 +341,7 @@ async fn with_session_tickets_off_only_the_cache_of_sessions_resumes_and_sighup_
     for version in versions {
         let returning = ca.client_config(b"http/1.1", &[version]);
         let mut kinds = vec![visit(&returning, tls, &get).await];
-        others(version).await;
+        three_hundred_others(&ca, tls, version).await;
         kinds.push(visit(&returning, tls, &get).await);
         assert_eq!(kinds, [Full, Resumed], "{version:?}: on again");
     }
