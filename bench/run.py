@@ -557,6 +557,11 @@ def part_open(upstream, results):
     plot(results["open"], BENCH / "latency.svg")
 
 
+# One colour a contender's line: ten, for the eight the open loop measures and room for two more.
+PLOT_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+               "#7f7f7f", "#bcbd22", "#17becf"]
+
+
 def plot(open_results, path):
     """p99 latency (log scale) against offered load, one line per contender, as a small SVG."""
     import math
@@ -567,7 +572,7 @@ def plot(open_results, path):
     lo = 10 ** math.floor(math.log10(max(min(values), 0.01)))
     hi = 10 ** math.ceil(math.log10(max(values)))
     xmin, xmax = rates[0] * 0.9, rates[-1] * 1.05
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2"]
+    colors = PLOT_COLORS
     x = lambda v: left + (v - xmin) / (xmax - xmin) * (w - left - 20)
     y = lambda v: h - bottom - (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * (h - bottom - 20)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h + 20 * len(rows)}" font-family="sans-serif" font-size="12">',

@@ -2,13 +2,15 @@
 """Unit tests of bench/run.py's decisions that need no load: whether a noisy run stops
 (MAX_SPREAD), how the spread of rounds is reckoned, which binaries are measured (GATEWAY_BIN,
 PASSTHROUGH_BIN), how a callgrind profile that is not whole is told, taken again and reported,
-and that the profile-guided build refuses a profile tool rustc cannot use.
+that the profile-guided build refuses a profile tool rustc cannot use, and that the plot draws
+each contender in a colour of its own.
 `cargo test` runs them (tests/bench_script.rs); by hand, `python3 -m unittest discover -s
 bench`. The benchmark itself is not run by the tests."""
 
 import contextlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -309,6 +311,24 @@ class Report(unittest.TestCase):
         self.assertTrue(text.rstrip().endswith(
             "## Not measured\n\nThe run stopped here, having measured the parts above: instr: no "
             "readable profile. The parts after it did not run."), text[-300:])
+
+
+class Plot(unittest.TestCase):
+    def test_each_contender_has_a_colour_of_its_own(self):
+        # The open loop measures eight contenders; with seven colours the eighth was drawn in
+        # the first one's (2026-12-07: `direct` and `gateway (header_case = lower)` alike).
+        names = [f"contender {i}" for i in range(10)]
+        rows = {n: [{"rate": r, "p99": 1.0 + i + r / 1000} for r in (100, 200)]
+                for i, n in enumerate(names)}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "latency.svg"
+            run.plot({"rates": [100, 200], "rows": rows}, path)
+            svg = path.read_text()
+        strokes = re.findall(r'<polyline [^>]*stroke="(#[0-9a-f]{6})"', svg)
+        self.assertEqual(len(strokes), len(names))
+        self.assertEqual(len(set(strokes)), len(names), strokes)
+        for name, colour in zip(names, strokes):
+            self.assertIn(f'fill="{colour}">&#9632; {name}</text>', svg)
 
 
 class Main(unittest.TestCase):

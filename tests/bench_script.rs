@@ -1,8 +1,8 @@
 //! The benchmark's own decisions (`bench/test_run.py`): whether a noisy run stops (`MAX_SPREAD`),
 //! how the spread of rounds is reckoned, which binaries it measures (`GATEWAY_BIN`,
 //! `PASSTHROUGH_BIN`), how a callgrind profile that is not whole is told, taken again and
-//! reported, and that `bench/pgo.sh` refuses an `llvm-profdata` rustc cannot use before it
-//! builds. The benchmark itself takes minutes of both cores, so it is not run here; these unit
+//! reported, that `bench/pgo.sh` refuses an `llvm-profdata` rustc cannot use before it
+//! builds, and that the plot draws each contender in a colour of its own. The benchmark itself takes minutes of both cores, so it is not run here; these unit
 //! tests need no load and run in a second.
 
 use std::path::Path;
