@@ -572,7 +572,6 @@ def plot(open_results, path):
     lo = 10 ** math.floor(math.log10(max(min(values), 0.01)))
     hi = 10 ** math.ceil(math.log10(max(values)))
     xmin, xmax = rates[0] * 0.9, rates[-1] * 1.05
-    colors = PLOT_COLORS
     x = lambda v: left + (v - xmin) / (xmax - xmin) * (w - left - 20)
     y = lambda v: h - bottom - (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * (h - bottom - 20)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h + 20 * len(rows)}" font-family="sans-serif" font-size="12">',
@@ -589,7 +588,7 @@ def plot(open_results, path):
     for r in rates:
         parts.append(f'<text x="{x(r)}" y="{h - bottom + 15}" text-anchor="middle">{r}</text>')
     for i, (name, series) in enumerate(rows.items()):
-        c = colors[i % len(colors)]
+        c = PLOT_COLORS[i % len(PLOT_COLORS)]
         pts = " ".join(f"{x(s['rate']):.1f},{y(s['p99']):.1f}" for s in series)
         parts.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="2"/>')
         for s in series:
