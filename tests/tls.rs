@@ -12,14 +12,9 @@ use common::{Stack, assert_error, cli, client, free_addr, metric, shipped_config
 use nix::sys::signal::{Signal, kill};
 use reqwest::Version;
 
-/// A stack serving HTTPS on an extra port with `cert` and `key`.
+/// A stack with the shipped configuration serving HTTPS on an extra port with `cert` and `key`.
 fn tls_stack(dir: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
-    tls_stack_with(dir, &shipped_config(), cert, key)
-}
-
-/// As [`tls_stack`], with the configuration file `config`.
-fn tls_stack_with(dir: &Path, config: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
-    Stack::start_tls(dir, config, cert, key)
+    Stack::start_tls(dir, &shipped_config(), cert, key)
 }
 
 /// The contract's headers a response carries, by name, for comparing protocols.
@@ -606,7 +601,7 @@ async fn slow_heads_and_silent_connections_over_https_are_closed() {
         .replace("header_timeout_seconds = 10", "header_timeout_seconds = 1");
     assert_ne!(short, shipped, "the shipped timeouts moved");
     std::fs::write(&config, short).unwrap();
-    let (stack, tls) = tls_stack_with(dir.path(), &config, &cert, &key);
+    let (stack, tls) = Stack::start_tls(dir.path(), &config, &cert, &key);
     let api_key = stack.key(&["--plan", "pro"]);
     let silent = ca.connect_http1(tls).await;
 
@@ -666,7 +661,7 @@ async fn http2_clients_that_go_away_mid_request_are_counted_not_logged() {
         slow.addr
     );
     let config = Stack::config_with_text(dir.path(), &routes);
-    let (stack, tls) = tls_stack_with(dir.path(), &config, &cert, &key);
+    let (stack, tls) = Stack::start_tls(dir.path(), &config, &cert, &key);
     let api_key = stack.key(&["--plan", "pro"]);
 
     // Two connections with five requests each: the first cancels its streams, the second is
@@ -717,7 +712,7 @@ async fn an_http2_stream_cancelled_while_the_upstream_works_is_let_go_at_once() 
         common::PETS_ROUTE,
     );
     let config = Stack::config_with_text(dir.path(), &routes);
-    let (stack, tls) = tls_stack_with(dir.path(), &config, &cert, &key);
+    let (stack, tls) = Stack::start_tls(dir.path(), &config, &cert, &key);
     let api_key = stack.key(&["--plan", "pro"]);
 
     let stream = ca.connect(tls, b"h2").await;
