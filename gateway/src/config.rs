@@ -17,6 +17,7 @@ use crate::headers::HeaderCase;
 use crate::plans::Plans;
 use crate::store::Fallback;
 use crate::store::redis::DEFAULT_TIMEOUT_MS;
+use crate::tls::MinVersion;
 
 /// Default public listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -148,6 +149,9 @@ pub struct TlsConfig {
     /// holds a session's secret; a returning client resumes only from this process's cache of
     /// the last 256 sessions.
     pub session_tickets: bool,
+    /// The oldest TLS version served: `"1.2"` (the default: TLS 1.2 and 1.3) or `"1.3"`. Read at
+    /// start; a `SIGHUP` leaves it as it was.
+    pub min_version: MinVersion,
 }
 
 impl Default for TlsConfig {
@@ -158,6 +162,7 @@ impl Default for TlsConfig {
             key: None,
             ticket_keys: Vec::new(),
             session_tickets: true,
+            min_version: MinVersion::default(),
         }
     }
 }

@@ -215,13 +215,13 @@ pub fn run(
     public.add_listener(
         ListenerConfig::tcp(settings.listen.to_string()).l4_buffer(L4BufferSettings::unbuffered()),
     );
-    if let (Some((listen, _)), Some(certificate)) = (&settings.tls, &certificate) {
+    if let (Some((listen, files)), Some(certificate)) = (&settings.tls, &certificate) {
         // rustls reads whole records into its own buffer, 4 KiB and more at a time: a read
         // buffer under it would only be copied through (or bypassed) and stay resident. Writes
         // are gathered above TLS, so a response leaves as one record.
         public.add_listener(
             ListenerConfig::tcp(listen.to_string())
-                .tls(certificate.listener_settings()?)
+                .tls(certificate.listener_settings(files.min_version)?)
                 .l4_buffer(L4BufferSettings::unbuffered()),
         );
     }

@@ -98,6 +98,9 @@ fn keep_restart_only(old: &Settings, fresh: &mut Settings) {
     if fresh.tls.as_ref().map(|t| t.0) != old.tls.as_ref().map(|t| t.0) {
         ignored.push("tls.listen");
     }
+    if fresh.tls.as_ref().map(|t| t.1.min_version) != old.tls.as_ref().map(|t| t.1.min_version) {
+        ignored.push("tls.min_version");
+    }
     if fresh.redis.as_ref().map(|r| &r.target) != old.redis.as_ref().map(|r| &r.target) {
         ignored.push("redis");
     }
@@ -115,9 +118,15 @@ fn keep_restart_only(old: &Settings, fresh: &mut Settings) {
     fresh.listen = old.listen;
     fresh.admin_listen = old.admin_listen;
     fresh.threads = old.threads;
-    // The listener stays where it is; its files are the fresh configuration's.
+    // The listener stays where it is, with its versions; its files are the fresh configuration's.
     fresh.tls = match (&old.tls, fresh.tls.take()) {
-        (Some((listen, _)), Some((_, files))) => Some((*listen, files)),
+        (Some((listen, old_files)), Some((_, files))) => Some((
+            *listen,
+            tls::TlsFiles {
+                min_version: old_files.min_version,
+                ..files
+            },
+        )),
         (old, _) => old.clone(),
     };
     fresh.redis = old.redis.clone();

@@ -146,6 +146,7 @@ impl Settings {
                     key: key.clone(),
                     ticket_keys: config.tls.ticket_keys.clone(),
                     session_tickets: config.tls.session_tickets,
+                    min_version: config.tls.min_version,
                 },
             )),
             _ => {

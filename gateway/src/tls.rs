@@ -3,7 +3,8 @@
 //!
 //! rustls, through pingora's own TLS listener, rather than OpenSSL: its protocol code is
 //! memory-safe, it speaks only TLS 1.2 and 1.3 with AEAD cipher suites and forward secrecy
-//! (nothing to switch off), and its certificate resolver lets `SIGHUP` swap the certificate for
+//! (nothing else to switch off; `gateway.tls.min_version = "1.3"` leaves TLS 1.2 out too), and
+//! its certificate resolver lets `SIGHUP` swap the certificate for
 //! new handshakes while established connections go on undisturbed.
 //!
 //! Its cryptography is aws-lc-rs (AWS's BoringSSL descendant, built with the binary: no system
@@ -33,7 +34,9 @@ use pingora::tls::sign::CertifiedKey;
 use pingora::tls::{CertificateDer, ClientHello, PrivateKeyDer, ResolvesServerCert};
 use rustls::crypto::aws_lc_rs::{self, kx_group};
 use rustls::crypto::{CryptoProvider, SupportedKxGroup};
+use rustls::{SupportedProtocolVersion, version};
 use rustls_pki_types::pem::{self, PemObject};
+use serde::Deserialize;
 
 use crate::metrics;
 
@@ -51,6 +54,72 @@ pub struct TlsFiles {
     pub ticket_keys: Vec<PathBuf>,
     /// Whether the listener gives session tickets at all.
     pub session_tickets: bool,
+    /// The oldest version the listener speaks; fixed while it runs.
+    pub min_version: MinVersion,
+}
+
+/// The oldest TLS version the listener speaks (`gateway.tls.min_version`): 1.2 by default, as
+/// the contract has it and as every client of the last decade speaks; 1.3 for deployments whose
+/// policy forbids 1.2 (nginx's `ssl_protocols TLSv1.3`), where a 1.2-only client is refused in
+/// the handshake with a `protocol_version` alert.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MinVersion {
+    /// TLS 1.2 and 1.3.
+    #[default]
+    Tls12,
+    /// TLS 1.3 alone.
+    Tls13,
+}
+
+impl<'de> Deserialize<'de> for MinVersion {
+    /// `"1.2"` or `"1.3"`; the number `1.3`, which TOML reads as a float, is refused with the
+    /// way to write it.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<MinVersion, D::Error> {
+        struct Version;
+        impl serde::de::Visitor<'_> for Version {
+            type Value = MinVersion;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"1.2\" or \"1.3\"")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<MinVersion, E> {
+                match v {
+                    "1.2" => Ok(MinVersion::Tls12),
+                    "1.3" => Ok(MinVersion::Tls13),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<MinVersion, E> {
+                Err(E::custom(format!(
+                    "a TLS version is written in quotes: min_version = \"{v}\""
+                )))
+            }
+        }
+        deserializer.deserialize_any(Version)
+    }
+}
+
+static TLS12_AND_13: &[&SupportedProtocolVersion] = &[&version::TLS13, &version::TLS12];
+static TLS13_ONLY: &[&SupportedProtocolVersion] = &[&version::TLS13];
+
+impl MinVersion {
+    /// The versions the listener offers to negotiate.
+    fn versions(self) -> &'static [&'static SupportedProtocolVersion] {
+        match self {
+            MinVersion::Tls12 => TLS12_AND_13,
+            MinVersion::Tls13 => TLS13_ONLY,
+        }
+    }
+
+    /// As the configuration writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MinVersion::Tls12 => "1.2",
+            MinVersion::Tls13 => "1.3",
+        }
+    }
 }
 
 /// Why a certificate or key cannot be used; always names the file.
@@ -251,7 +320,8 @@ impl CertResolver {
         Ok(())
     }
 
-    /// pingora's listener settings: this resolver, HTTP/2 offered before HTTP/1.1, and session
+    /// pingora's listener settings: the versions from `min_version` on, this resolver, HTTP/2
+    /// offered before HTTP/1.1, and session
     /// tickets, so that a returning client resumes its session however many others came in
     /// between: rustls's stateful cache, the only resumption without a ticketer, holds the last
     /// 256 sessions. Tickets are RFC 5077's construction (AES-256-CBC and HMAC-SHA256) under the
@@ -264,9 +334,13 @@ impl CertResolver {
     /// its session's secret, which is why keys are rotated.
     ///
     /// Each completed handshake is counted in [`metrics::TLS_HANDSHAKES`].
-    pub fn listener_settings(self: &Arc<Self>) -> Result<TlsSettings, rustls::Error> {
+    pub fn listener_settings(
+        self: &Arc<Self>,
+        min_version: MinVersion,
+    ) -> Result<TlsSettings, rustls::Error> {
         let mut settings = TlsSettings::with_callbacks(Box::new(HandshakeCounter))
             .expect("settings without files cannot fail");
+        settings.set_protocol_versions(min_version.versions());
         settings.set_cert_resolver(self.clone());
         settings.enable_h2();
         settings.set_ticketer(Arc::new(tickets::Tickets::new(

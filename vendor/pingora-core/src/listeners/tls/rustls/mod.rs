@@ -26,6 +26,8 @@ use pingora_rustls::ClientCertVerifier;
 use pingora_rustls::ResolvesServerCert;
 use pingora_rustls::ServerConfig;
 use pingora_rustls::{version, TlsAcceptor as RusTlsAcceptor};
+// Animal Store's patch: the versions a listener speaks (`TlsSettings::set_protocol_versions`).
+use rustls::SupportedProtocolVersion;
 // Animal Store's patch: the trait of a session ticketer (`TlsSettings::set_ticketer`).
 use rustls::server::ProducesTickets;
 
@@ -42,6 +44,9 @@ pub struct TlsSettings {
     offload_threadpool: Option<(usize, usize)>,
     // Animal Store's patch: the session ticketer, if any (`set_ticketer`).
     ticketer: Option<Arc<dyn ProducesTickets>>,
+    // Animal Store's patch: the protocol versions, if not TLS 1.2 and 1.3
+    // (`set_protocol_versions`).
+    protocol_versions: Option<&'static [&'static SupportedProtocolVersion]>,
 }
 
 pub struct Acceptor {
@@ -62,8 +67,11 @@ impl TlsSettings {
         // rustls 0.23+ requires an explicit CryptoProvider.
         pingora_rustls::install_default_crypto_provider();
 
-        let builder =
-            ServerConfig::builder_with_protocol_versions(&[&version::TLS12, &version::TLS13]);
+        // Animal Store's patch: the versions of `set_protocol_versions`, if any.
+        let builder = ServerConfig::builder_with_protocol_versions(
+            self.protocol_versions
+                .unwrap_or(&[&version::TLS12, &version::TLS13]),
+        );
         let builder = if let Some(verifier) = self.client_cert_verifier {
             builder.with_client_cert_verifier(verifier)
         } else {
@@ -134,6 +142,16 @@ impl TlsSettings {
     /// server's, or one from before a restart) gets a full handshake.
     pub fn set_ticketer(&mut self, ticketer: Arc<dyn ProducesTickets>) {
         self.ticketer = Some(ticketer);
+    }
+
+    /// Animal Store's patch to pingora-core 0.9.1 (see `vendor/README.md`): speak only
+    /// `versions` (such as `&[&rustls::version::TLS13]`), in place of TLS 1.2 and 1.3. A client
+    /// that offers none of them is refused in the handshake with a `protocol_version` alert.
+    pub fn set_protocol_versions(
+        &mut self,
+        versions: &'static [&'static SupportedProtocolVersion],
+    ) {
+        self.protocol_versions = Some(versions);
     }
 
     /// Configure mTLS by providing a rustls client certificate verifier.
@@ -223,6 +241,7 @@ impl TlsSettings {
             callbacks: None,
             offload_threadpool: None,
             ticketer: None,
+            protocol_versions: None,
         })
     }
 
@@ -244,6 +263,7 @@ impl TlsSettings {
             callbacks: Some(callbacks),
             offload_threadpool: None,
             ticketer: None,
+            protocol_versions: None,
         })
     }
 }
