@@ -98,7 +98,9 @@ fn keep_restart_only(old: &Settings, fresh: &mut Settings) {
     if fresh.tls.as_ref().map(|t| t.0) != old.tls.as_ref().map(|t| t.0) {
         ignored.push("tls.listen");
     }
-    if fresh.tls.as_ref().map(|t| t.1.min_version) != old.tls.as_ref().map(|t| t.1.min_version) {
+    if let (Some((_, old_files)), Some((_, files))) = (&old.tls, &fresh.tls)
+        && files.min_version != old_files.min_version
+    {
         ignored.push("tls.min_version");
     }
     if fresh.redis.as_ref().map(|r| &r.target) != old.redis.as_ref().map(|r| &r.target) {
