@@ -3,14 +3,12 @@
 //! key files, through a rotation made with `SIGHUP`; with tickets off, only from the gateway's
 //! cache of sessions.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::tls::{TestCa, connect_with, exchange, list_and_close};
-use common::{Stack, cli, free_addr, metric, shipped_config, wait_metric};
+use super::common::tls::{TestCa, connect_with, exchange, list_and_close};
+use super::common::{Stack, cli, free_addr, metric, shipped_config, wait_metric};
 use nix::sys::signal::{Signal, kill};
 use tokio_rustls::rustls::HandshakeKind::{self, Full, Resumed};
 use tokio_rustls::rustls::version::{TLS12, TLS13};

@@ -3,13 +3,11 @@
 //! change (the listener's versions are fixed while it runs), and a version it does not know is a
 //! configuration error naming the setting.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::tls::{TestCa, connect_with, exchange, list_and_close};
-use common::{Stack, cli, metric, shipped_config, wait_metric};
+use super::common::tls::{TestCa, connect_with, exchange, list_and_close};
+use super::common::{Stack, cli, metric, shipped_config, wait_metric};
 use nix::sys::signal::{Signal, kill};
 use tokio_rustls::rustls::version::{TLS12, TLS13};
 use tokio_rustls::rustls::{AlertDescription, Error as TlsError, ProtocolVersion};
