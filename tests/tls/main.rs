@@ -26,6 +26,15 @@ fn tls_stack(dir: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
     Stack::start_tls(dir, &shipped_config(), cert, key)
 }
 
+/// The handshakes a gateway counted, full and resumed, of one version (`TLSv1.3`, `TLSv1.2`).
+fn handshakes(stack: &Stack, version: &str) -> [f64; 2] {
+    ["full", "resumed"].map(|session| {
+        let series =
+            format!("gateway_tls_handshakes_total{{session=\"{session}\",version=\"{version}\"}}");
+        metric(stack.admin, &series).unwrap_or(0.0)
+    })
+}
+
 /// The contract's headers a response carries, by name, for comparing protocols.
 fn contract_headers(r: &reqwest::Response) -> Vec<String> {
     let mut names: Vec<String> = [

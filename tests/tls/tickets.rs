@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::common::tls::{TestCa, connect_with, exchange, list_and_close};
-use super::common::{Stack, cli, free_addr, metric, shipped_config, wait_metric};
+use super::common::{Stack, cli, free_addr, shipped_config, wait_metric};
+use super::handshakes;
 use nix::sys::signal::{Signal, kill};
 use tokio_rustls::rustls::HandshakeKind::{self, Full, Resumed};
 use tokio_rustls::rustls::version::{TLS12, TLS13};
@@ -57,15 +58,6 @@ async fn visit(
     let answer = exchange(&mut s, request.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
     kind
-}
-
-/// The handshakes a gateway counted, full and resumed, of one version.
-fn handshakes(stack: &Stack, version: &str) -> [f64; 2] {
-    ["full", "resumed"].map(|session| {
-        let series =
-            format!("gateway_tls_handshakes_total{{session=\"{session}\",version=\"{version}\"}}");
-        metric(stack.admin, &series).unwrap_or(0.0)
-    })
 }
 
 /// 300 new clients of `version`, one connection each, more than rustls's cache of sessions holds
