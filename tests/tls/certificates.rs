@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// A certificate cut off, missing, of another key, expired, or a key given as the certificate
+/// stops the start within seconds and fails `check-config`, each naming the file and why; a TLS
+/// table with a listener and no files is a configuration error.
 #[test]
 fn unusable_certificates_are_clear_errors_at_start_and_in_check_config() {
     let dir = tempfile::tempdir().unwrap();
@@ -84,6 +87,14 @@ fn unusable_certificates_are_clear_errors_at_start_and_in_check_config() {
     assert!(stderr.contains("gateway.tls"), "{stderr}");
 }
 
+/// The status of a GET of `url` with `api_key`, by `client`.
+async fn get_status(client: &reqwest::Client, url: &str, api_key: &str) -> u16 {
+    let r = client.get(url).bearer_auth(api_key).send().await.unwrap();
+    r.status().as_u16()
+}
+
+/// `SIGHUP` gives new handshakes the new certificate while a connection made before goes on
+/// being served; a damaged file on `SIGHUP` changes nothing and is counted as a refused reload.
 #[tokio::test]
 async fn sighup_swaps_the_certificate_without_dropping_connections() {
     let dir = tempfile::tempdir().unwrap();
@@ -93,15 +104,7 @@ async fn sighup_swaps_the_certificate_without_dropping_connections() {
     let url = format!("https://localhost:{}/v1/pets", tls.port());
     let api_key = stack.key(&["--plan", "pro"]);
     let old = old_ca.client(false);
-    assert_eq!(
-        old.get(&url)
-            .bearer_auth(&api_key)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(get_status(&old, &url, &api_key).await, 200);
     assert!(
         new_ca.client(false).get(&url).send().await.is_err(),
         "not trusted yet"
@@ -114,27 +117,10 @@ async fn sighup_swaps_the_certificate_without_dropping_connections() {
     kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
     stack.proc.wait_log("configuration reloaded");
     let fresh = new_ca.client(false);
-    assert_eq!(
-        fresh
-            .get(&url)
-            .bearer_auth(&api_key)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(get_status(&fresh, &url, &api_key).await, 200);
     // The connection made before the reload is still open and still served: a new one would
     // be refused, since this client trusts only the old CA.
-    assert_eq!(
-        old.get(&url)
-            .bearer_auth(&api_key)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(get_status(&old, &url, &api_key).await, 200);
 
     // A damaged file on SIGHUP changes nothing and is counted.
     std::fs::write(&cert, "not a certificate").unwrap();
@@ -144,17 +130,7 @@ async fn sighup_swaps_the_certificate_without_dropping_connections() {
         metric(stack.admin, "gateway_reloads_total{result=\"error\"}"),
         Some(1.0)
     );
-    assert_eq!(
-        new_ca
-            .client(false)
-            .get(&url)
-            .bearer_auth(&api_key)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(get_status(&new_ca.client(false), &url, &api_key).await, 200);
 }
 
 /// A route with `tls = true` reaches its upstream over HTTPS, verified against the configured

@@ -3,6 +3,7 @@
 
 use super::*;
 
+/// Plain HTTP sent to the TLS port gets a TLS alert and a closed connection at once, not a wait.
 #[test]
 fn plain_http_sent_to_the_tls_port_is_refused_at_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,6 +4,8 @@
 
 use super::*;
 
+/// The contract's answers (200, 201, a deprecated 200, 401, 404, 413, 429) come with the same
+/// statuses and headers over HTTP/2 and HTTP/1.1 with TLS as over plain HTTP.
 #[tokio::test]
 async fn https_over_http2_and_http1_answers_exactly_as_plain_http() {
     let dir = tempfile::tempdir().unwrap();
@@ -209,6 +211,8 @@ async fn head_gets_the_head_of_get_and_no_body_over_every_protocol() {
     }
 }
 
+/// An unparsable request, or one whose target has a space, gets the contract's JSON 400 over
+/// HTTPS as over plain HTTP.
 #[tokio::test]
 async fn an_unparsable_request_over_https_gets_the_contract_error() {
     let dir = tempfile::tempdir().unwrap();
