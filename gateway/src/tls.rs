@@ -4,8 +4,8 @@
 //! rustls, through pingora's own TLS listener, rather than OpenSSL: its protocol code is
 //! memory-safe, it speaks only TLS 1.2 and 1.3 with AEAD cipher suites and forward secrecy
 //! (nothing else to switch off; `gateway.tls.min_version = "1.3"` leaves TLS 1.2 out too), and
-//! its certificate resolver lets `SIGHUP` swap the certificate for
-//! new handshakes while established connections go on undisturbed.
+//! its certificate resolver lets `SIGHUP` swap the certificate for new handshakes while
+//! established connections go on undisturbed.
 //!
 //! Its cryptography is aws-lc-rs (AWS's BoringSSL descendant, built with the binary: no system
 //! library), not the ring that pingora installs: of rustls's two providers only aws-lc-rs has
@@ -110,14 +110,6 @@ impl MinVersion {
         match self {
             MinVersion::Tls12 => TLS12_AND_13,
             MinVersion::Tls13 => TLS13_ONLY,
-        }
-    }
-
-    /// As the configuration writes it.
-    pub fn name(self) -> &'static str {
-        match self {
-            MinVersion::Tls12 => "1.2",
-            MinVersion::Tls13 => "1.3",
         }
     }
 }
@@ -321,10 +313,9 @@ impl CertResolver {
     }
 
     /// pingora's listener settings: the versions from `min_version` on, this resolver, HTTP/2
-    /// offered before HTTP/1.1, and session
-    /// tickets, so that a returning client resumes its session however many others came in
-    /// between: rustls's stateful cache, the only resumption without a ticketer, holds the last
-    /// 256 sessions. Tickets are RFC 5077's construction (AES-256-CBC and HMAC-SHA256) under the
+    /// offered before HTTP/1.1, and session tickets, so that a returning client resumes its
+    /// session however many others came in between: rustls's stateful cache, the only
+    /// resumption without a ticketer, holds the last 256 sessions. Tickets are RFC 5077's construction (AES-256-CBC and HMAC-SHA256) under the
     /// keys of `gateway.tls.ticket_keys`, shared by a fleet (`tls/tickets.rs`); without them, under
     /// [`aws_lc_rs::Ticketer`]'s, which makes a key from the system's random numbers every six
     /// hours and keeps the one before to decrypt, so a ticket serves 12 hours at most, never
