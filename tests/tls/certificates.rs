@@ -38,25 +38,8 @@ fn unusable_certificates_are_clear_errors_at_start_and_in_check_config() {
     ];
     for (cert, key, why, file) in cases {
         let tls = free_addr().to_string();
-        let data = dir.path().join("data");
         let started = Instant::now();
-        let (code, _, stderr) = cli(&[
-            "gateway",
-            "--config",
-            shipped_config().to_str().unwrap(),
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--listen",
-            &free_addr().to_string(),
-            "--admin-listen",
-            &free_addr().to_string(),
-            "--tls-listen",
-            &tls,
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ]);
+        let (code, stderr) = start_with_tls(dir.path(), &shipped_config(), &tls, cert, key);
         assert!(started.elapsed() < Duration::from_secs(10));
         assert_eq!(code, 1, "{why}: {stderr}");
         assert!(
@@ -64,15 +47,7 @@ fn unusable_certificates_are_clear_errors_at_start_and_in_check_config() {
             "{why}: {stderr}"
         );
         let config = dir.path().join("tls.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[gateway.tls]\nlisten = \"{tls}\"\ncert = \"{}\"\nkey = \"{}\"\n",
-                cert.display(),
-                key.display()
-            ),
-        )
-        .unwrap();
+        std::fs::write(&config, tls_table(&tls, cert, key)).unwrap();
         let (code, _, stderr) = cli(&["check-config", config.to_str().unwrap()]);
         assert_eq!(code, 1, "check-config, {why}: {stderr}");
         assert!(

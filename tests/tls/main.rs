@@ -26,6 +26,39 @@ fn tls_stack(dir: &Path, cert: &Path, key: &Path) -> (Stack, SocketAddr) {
     Stack::start_tls(dir, &shipped_config(), cert, key)
 }
 
+/// Starts `animal-store gateway` with `config` and a TLS listener on `tls` with `cert` and `key`
+/// given on the command line, data in `dir`, and waits for it to end; its exit code and stderr.
+/// For starts that must fail.
+fn start_with_tls(dir: &Path, config: &Path, tls: &str, cert: &Path, key: &Path) -> (i32, String) {
+    let (code, _, stderr) = cli(&[
+        "gateway",
+        "--config",
+        config.to_str().unwrap(),
+        "--data-dir",
+        dir.join("data").to_str().unwrap(),
+        "--listen",
+        &free_addr().to_string(),
+        "--admin-listen",
+        &free_addr().to_string(),
+        "--tls-listen",
+        tls,
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+    (code, stderr)
+}
+
+/// A configuration file's `[gateway.tls]` table with the listener on `tls`, `cert` and `key`.
+fn tls_table(tls: &str, cert: &Path, key: &Path) -> String {
+    format!(
+        "[gateway.tls]\nlisten = \"{tls}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+        cert.display(),
+        key.display()
+    )
+}
+
 /// The handshakes a gateway counted, full and resumed, of one version (`TLSv1.3`, `TLSv1.2`).
 fn handshakes(stack: &Stack, version: &str) -> [f64; 2] {
     ["full", "resumed"].map(|session| {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::common::tls::{TestCa, connect_with, exchange, list_and_close};
 use super::common::{Stack, cli, free_addr, shipped_config, wait_metric};
-use super::handshakes;
+use super::{handshakes, start_with_tls, tls_table};
 use nix::sys::signal::{Signal, kill};
 use tokio_rustls::rustls::HandshakeKind::{self, Full, Resumed};
 use tokio_rustls::rustls::version::{TLS12, TLS13};
@@ -236,23 +236,7 @@ fn a_ticket_key_file_that_is_no_key_is_a_clear_error_at_start_and_in_check_confi
     let config = dir.path().join("tickets.toml");
     write_config(&config, &[&short]);
     let tls = free_addr().to_string();
-    let (code, _, stderr) = cli(&[
-        "gateway",
-        "--config",
-        config.to_str().unwrap(),
-        "--data-dir",
-        dir.path().join("data").to_str().unwrap(),
-        "--listen",
-        &free_addr().to_string(),
-        "--admin-listen",
-        &free_addr().to_string(),
-        "--tls-listen",
-        &tls,
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-    ]);
+    let (code, stderr) = start_with_tls(dir.path(), &config, &tls, &cert, &key);
     assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains(why) && stderr.contains(short.to_str().unwrap()),
@@ -262,9 +246,8 @@ fn a_ticket_key_file_that_is_no_key_is_a_clear_error_at_start_and_in_check_confi
     std::fs::write(
         &complete,
         format!(
-            "[gateway.tls]\nlisten = \"{tls}\"\ncert = \"{}\"\nkey = \"{}\"\nticket_keys = [{:?}]\n",
-            cert.display(),
-            key.display(),
+            "{}ticket_keys = [{:?}]\n",
+            tls_table(&tls, &cert, &key),
             short.display().to_string()
         ),
     )
