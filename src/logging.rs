@@ -1,9 +1,15 @@
 //! The process's log: env_logger, as `RUST_LOG` chooses (info by default), with lines of
-//! pingora's and rustls's that report what a client did, not a fault, turned down.
+//! pingora's and rustls's that report what a client did, not a fault, turned down, and
+//! credentials taken out of every line but the access log's
+//! ([`animal_store_gateway::redact`]).
 
 use std::borrow::Cow;
 
+use animal_store_gateway::redact::redact;
 use log::{Level, Log, Metadata, Record};
+
+/// The access log's target (`gateway.access_log`).
+const ACCESS: &str = "access";
 
 /// Logging unless `RUST_LOG` says otherwise: info. The access log (target `access`) is chosen by
 /// `gateway.access_log`. warp's server logs as an error each connection that a client closed
@@ -94,19 +100,27 @@ impl Log for Logger {
 
     fn log(&self, record: &Record) {
         let level = level_for(record);
-        if level == record.level() {
-            return self.0.log(record);
-        }
-        self.0.log(
-            &Record::builder()
-                .args(*record.args())
+        let as_logged = |args| {
+            Record::builder()
+                .args(args)
                 .level(level)
                 .target(record.target())
                 .module_path(record.module_path())
                 .file(record.file())
                 .line(record.line())
-                .build(),
-        );
+                .build()
+        };
+        // The access log is built from fields that hold no credential, one line a request: it
+        // is written as it is.
+        if record.target() == ACCESS || !self.0.matches(&as_logged(*record.args())) {
+            return self.0.log(&as_logged(*record.args()));
+        }
+        let text = match record.args().as_str() {
+            Some(text) => Cow::Borrowed(text),
+            None => Cow::Owned(record.args().to_string()),
+        };
+        let redacted = redact(&text);
+        self.0.log(&as_logged(format_args!("{redacted}")));
     }
 
     fn flush(&self) {

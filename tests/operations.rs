@@ -1,5 +1,6 @@
-//! What a platform team reads: `/metrics` with exact counts after known traffic, and the access
-//! log as one JSON object per line, through the real binary.
+//! What a platform team reads: `/metrics` with exact counts after known traffic, the access
+//! log as one JSON object per line, and a `debug` log with no key in it, through the real
+//! binary.
 
 mod common;
 
@@ -151,6 +152,44 @@ async fn the_access_log_is_one_json_object_per_line_and_never_names_the_key() {
     assert!(
         !log.contains(&key[20..]),
         "the key's secret is never logged"
+    );
+}
+
+/// Operators turn the log up to `debug` to see what clients send. pingora's debug lines then quote
+/// a request head it cannot parse, as read, and each request sent upstream with its query: a key
+/// in either reaches the log as its public id and `[redacted]`, never with its secret.
+#[tokio::test]
+async fn keys_never_reach_the_log_even_at_debug() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::launch_after(
+        Some("export RUST_LOG=debug"),
+        dir.path(),
+        dir.path().join("data"),
+        &common::shipped_config(),
+        &[],
+    );
+    let key = stack.key(&["--plan", "pro"]);
+    let folded = format!(
+        "GET /v1/pets HTTP/1.1\r\nHost: x\r\nX-Folded: 1\r\n  2\r\nAuthorization: Bearer {key}\r\n\r\n"
+    );
+    assert_eq!(common::raw_http(stack.listen, folded.as_bytes()).0, 400);
+    stack.proc.wait_log("InvalidHTTPHeader");
+    let c = client();
+    let in_query = stack
+        .get(&c, &format!("/v1/pets?limit=1&api_key={key}"), &key)
+        .await;
+    assert_eq!(in_query.status(), 400, "the backend knows no `api_key`");
+    stack.proc.wait_log("Sending header to upstream");
+
+    let log = stack.proc.log_text();
+    let shown = format!("{}_[redacted]", &key[..19]);
+    assert!(
+        log.lines().filter(|l| l.contains(&shown)).count() >= 2,
+        "both lines name the key by its id: {log}"
+    );
+    assert!(
+        !log.contains(&key[20..36]),
+        "no part of the secret is logged: {log}"
     );
 }
 

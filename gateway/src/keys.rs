@@ -15,8 +15,8 @@ use sha2::{Digest, Sha256};
 
 use crate::plans::Plans;
 
-const PREFIX: &str = "as_";
-const ID_BYTES: usize = 8;
+pub(crate) const PREFIX: &str = "as_";
+pub(crate) const ID_BYTES: usize = 8;
 const SECRET_BYTES: usize = 32;
 
 /// Why a key operation failed.

@@ -34,6 +34,7 @@ pub mod pipeline;
 pub mod plans;
 pub mod proxy;
 pub mod rate_headers;
+pub mod redact;
 pub mod redis_conn;
 pub mod redis_keys;
 pub mod reload;
