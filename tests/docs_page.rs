@@ -1,7 +1,8 @@
 //! The API's pages in a real browser: `animal-store serve` on loopback, headless Chromium
 //! (Debian's `chromium`) rendering `/v1/docs` with no network but the gateway, and a page of
 //! another origin calling the API with `fetch` under CORS. Checks the rendered DOM, not the
-//! HTML source, and leaves a screenshot of the docs page in `target/docs-page.png`.
+//! HTML source, and leaves a screenshot of the docs page in `target/docs-page.png`. And, over
+//! plain HTTP, how the page's script goes out: compressed or whole, and revalidated.
 
 mod common;
 
@@ -137,6 +138,74 @@ async fn the_deprecation_link_points_at_get_pet_on_the_docs_page() {
     let got = links(&r);
     let link = "<https://api.example.com/v1/docs#/pets/getpet>; rel=\"deprecation\"";
     assert!(got.contains(&link), "{got:?}");
+}
+
+/// The page's 2.3 MB script goes out compressed to a client that takes gzip, as browsers do
+/// (the page test above renders it so in Chromium), whole to any other, and a client's copy is
+/// revalidated by its tag with a `304` and no body, over the public listener's usual headers.
+#[tokio::test]
+async fn the_script_is_sent_compressed_to_clients_that_take_gzip_and_revalidated_by_its_tag() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start_with(dir.path(), &shipped_config());
+    let c = client();
+    let get = |accept: Option<&str>, tag: Option<&str>| {
+        let mut request = c.get(stack.url(animal_store_contract::REDOC_PATH));
+        if let Some(accept) = accept {
+            request = request.header("Accept-Encoding", accept);
+        }
+        if let Some(tag) = tag {
+            request = request.header("If-None-Match", tag);
+        }
+        request.send()
+    };
+
+    let plain = get(None, None).await.unwrap();
+    assert_eq!(plain.status(), 200);
+    assert_eq!(plain.headers()["vary"], "Accept-Encoding");
+    assert!(plain.headers().get("content-encoding").is_none());
+    let plain_tag = plain.headers()["etag"].to_str().unwrap().to_owned();
+    let script = plain.bytes().await.unwrap();
+    assert!(script == animal_store_contract::REDOC_JS);
+
+    let gzip = get(Some("gzip, deflate, br"), None).await.unwrap();
+    assert_eq!(gzip.status(), 200);
+    assert_eq!(gzip.headers()["content-encoding"], "gzip");
+    assert_eq!(gzip.headers()["vary"], "Accept-Encoding");
+    assert_eq!(gzip.headers()["cache-control"], "public, max-age=86400");
+    assert!(gzip.headers().get("x-ratelimit-limit").is_some());
+    let gzip_tag = gzip.headers()["etag"].to_str().unwrap().to_owned();
+    assert_ne!(gzip_tag, plain_tag, "each form has its own tag");
+    let compressed = gzip.bytes().await.unwrap();
+    assert!(
+        compressed.len() * 3 < script.len(),
+        "{} bytes",
+        compressed.len()
+    );
+    let mut unzipped = Vec::new();
+    flate2::read::GzDecoder::new(&compressed[..])
+        .read_to_end(&mut unzipped)
+        .unwrap();
+    assert!(unzipped == script, "the same script");
+    let refused = get(Some("gzip;q=0, br"), None).await.unwrap();
+    assert!(refused.headers().get("content-encoding").is_none());
+
+    for (accept, tag) in [(None, &plain_tag), (Some("gzip"), &gzip_tag)] {
+        let current = get(accept, Some(tag)).await.unwrap();
+        assert_eq!(current.status(), 304, "{accept:?}");
+        assert_eq!(&current.headers()["etag"], tag.as_str());
+        assert_eq!(current.headers()["cache-control"], "public, max-age=86400");
+        assert!(current.headers().get("content-length").is_none());
+        assert!(current.bytes().await.unwrap().is_empty());
+    }
+    let stale = get(Some("gzip"), Some("\"0-0\"")).await.unwrap();
+    assert_eq!(stale.status(), 200, "an old copy gets the script");
+    let other_form = get(Some("gzip"), Some(&plain_tag)).await.unwrap();
+    assert_eq!(
+        other_form.status(),
+        200,
+        "the other form's tag is not this one's"
+    );
 }
 
 /// A page served on `listener` (its own origin) that calls the gateway with `fetch` and writes

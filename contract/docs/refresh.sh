@@ -2,7 +2,8 @@
 # Refreshes the vendored Redoc bundle that `GET /v1/docs` serves, from the npm registry, at the
 # pinned version; the gateway needs no network at run time. To move to another version, change
 # REDOC_VERSION, run this, check the page (tests/docs_page.rs renders it in Chromium), and
-# commit the bundle together with the new SHA-256 below.
+# commit the bundle and its gzip form (served to clients that accept gzip, a quarter of the
+# bytes) together with the new SHA-256 below.
 #
 #   bash contract/docs/refresh.sh
 set -euo pipefail
@@ -20,4 +21,5 @@ if [ "$got" != "$SHA256" ]; then
 fi
 cp "$work/package/bundles/redoc.standalone.js" redoc.standalone.js
 cp "$work/package/LICENSE" REDOC-LICENSE
+gzip -9 -n -c redoc.standalone.js > redoc.standalone.js.gz
 echo "contract/docs/redoc.standalone.js is redoc@$REDOC_VERSION ($got)"

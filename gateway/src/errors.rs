@@ -184,7 +184,11 @@ fn complete(
     content_type: &str,
     body: &[u8],
 ) -> pingora::Result<()> {
-    if response.status != http::StatusCode::NO_CONTENT {
+    // A 304's head is that of the 200 it stands for, less its body's type and length.
+    if !matches!(
+        response.status,
+        http::StatusCode::NO_CONTENT | http::StatusCode::NOT_MODIFIED
+    ) {
         response.insert_header("Content-Type", content_type)?;
         response.insert_header("Content-Length", body.len())?;
     }
