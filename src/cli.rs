@@ -6,6 +6,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+/// The environment variable `--redis-url` may come from instead (the flag wins).
+pub const REDIS_URL_ENV: &str = "ANIMAL_STORE_REDIS_URL";
+
 /// Animal Store: the pets service and its API gateway.
 ///
 /// With no command, runs the backend and the gateway together (`serve`).
@@ -103,8 +106,9 @@ pub struct Overrides {
     pub admin_listen: Option<SocketAddr>,
     /// Share keys, counts, quotas and bans with other gateways through Redis:
     /// redis://host:port[/db], or several cluster nodes separated by commas [default: none,
-    /// state stays in the data directory].
-    #[arg(long, global = true)]
+    /// state stays in the data directory]. From the environment, a password in it stays out of
+    /// the process list and the configuration file.
+    #[arg(long, global = true, env = REDIS_URL_ENV, hide_env_values = true)]
     pub redis_url: Option<String>,
     /// Also serve HTTPS (HTTP/2 and HTTP/1.1 by ALPN) here; needs --tls-cert and --tls-key.
     #[arg(long, global = true)]

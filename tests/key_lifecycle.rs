@@ -155,6 +155,7 @@ fn keys_into(stack: &Stack, stdout: impl Into<Stdio>, args: &[&str]) -> (i32, St
         .args(args)
         .args(["--config", stack.config.to_str().unwrap()])
         .args(["--data-dir", stack.data_dir.to_str().unwrap()])
+        .env_remove(common::REDIS_URL_ENV)
         .stdout(stdout)
         .stderr(Stdio::piped())
         .output()

@@ -26,6 +26,11 @@ use nix::unistd::Pid;
 /// The binary under test, built by cargo for this test run.
 pub const BIN: &str = env!("CARGO_BIN_EXE_animal-store");
 
+/// The environment variable `--redis-url` may come from: taken out of every process the tests
+/// start, so that a developer's own cannot turn a test of the embedded store into one of Redis.
+/// A test that wants it sets it itself.
+pub const REDIS_URL_ENV: &str = "ANIMAL_STORE_REDIS_URL";
+
 /// The shipped configuration file.
 pub fn shipped_config() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("config/animal-store.toml")
@@ -125,6 +130,7 @@ impl Proc {
         let child = command
             .args(args)
             .env("RUST_LOG", "info")
+            .env_remove(REDIS_URL_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -260,6 +266,7 @@ pub fn cli(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(BIN)
         .args(args)
         .env("RUST_LOG", "warn")
+        .env_remove(REDIS_URL_ENV)
         .output()
         .expect("run animal-store");
     (

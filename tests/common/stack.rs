@@ -255,6 +255,18 @@ impl GatewayOnly {
         backend: SocketAddr,
         extra: &[&str],
     ) -> GatewayOnly {
+        Self::start_after(None, dir, name, config, backend, extra)
+    }
+
+    /// As [`GatewayOnly::start`], after `shell` ([`Proc::start_after`]).
+    pub fn start_after(
+        shell: Option<&str>,
+        dir: &Path,
+        name: &str,
+        config: &Path,
+        backend: SocketAddr,
+        extra: &[&str],
+    ) -> GatewayOnly {
         let data_dir = dir.join(format!("gateway-{name}"));
         for _ in 0..START_ATTEMPTS {
             let (listen, admin) = (free_addr(), free_addr());
@@ -273,7 +285,7 @@ impl GatewayOnly {
             ];
             args.extend(extra.iter().map(|s| (*s).to_owned()));
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let mut proc = Proc::start(&args, dir.join(format!("gateway-{name}.log")));
+            let mut proc = Proc::start_after(shell, &args, dir.join(format!("gateway-{name}.log")));
             if listening(&mut proc, &[listen, admin]) {
                 return GatewayOnly {
                     proc,

@@ -293,3 +293,64 @@ async fn redis_over_tls_is_verified_against_the_configured_ca() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("gateway.redis.ca"), "{stderr}");
 }
+
+/// `keys ARGS` with `ANIMAL_STORE_REDIS_URL` set to `env_url`, from a data directory no gateway
+/// uses; returns (exit code, stdout, stderr).
+fn keys_from_env(dir: &Path, config: &Path, env_url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(common::BIN)
+        .arg("keys")
+        .args(args)
+        .args(["--config", config.to_str().unwrap()])
+        .args(["--data-dir", dir.join("cli-data").to_str().unwrap()])
+        .env(common::REDIS_URL_ENV, env_url)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run animal-store keys");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The Redis URL may come from the environment (`ANIMAL_STORE_REDIS_URL`), where a password in
+/// it stays out of the process list and the configuration file: `keys create` and a gateway
+/// given no `--redis-url` both use it, so the gateway, whose data directory holds no key,
+/// admits the key made elsewhere. The flag, when given, wins over it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_redis_url_may_come_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let config = config(dir.path(), "[gateway.redis]\ntimeout_ms = 5000");
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let from_env = format!("export {}={url}", common::REDIS_URL_ENV);
+    let gateway =
+        GatewayOnly::start_after(Some(&from_env), dir.path(), "a", &config, backend.addr, &[]);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", gateway.proc.child.id())).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains("redis://"));
+
+    let (code, key, stderr) =
+        keys_from_env(dir.path(), &config, &url, &["create", "--plan", "pro"]);
+    assert_eq!(code, 0, "{stderr}");
+    gateway.wait_keys(1);
+    let r = client()
+        .get(gateway.url("/v1/pets"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-ratelimit-limit"], "300", "a Pro key");
+
+    // A flag given beside the variable is the one used.
+    let nowhere = "redis://127.0.0.1:1";
+    let (code, list, stderr) =
+        keys_from_env(dir.path(), &config, nowhere, &["list", "--redis-url", &url]);
+    assert_eq!((code, list.lines().count()), (0, 1), "{list}{stderr}");
+    let (code, _, stderr) = keys_from_env(dir.path(), &config, nowhere, &["list"]);
+    assert_ne!(
+        code, 0,
+        "the variable alone names a Redis that is not there: {stderr}"
+    );
+}
