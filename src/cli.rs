@@ -35,7 +35,8 @@ pub enum Command {
     /// Issue, list and revoke API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
-    /// Validate a configuration file and say what is wrong, with the line.
+    /// Validate a configuration file and say what is wrong, with the line; with flags (such as
+    /// --tls-cert and --tls-key), the configuration they make of it, files checked as at start.
     CheckConfig {
         /// The file to check; defaults to --config.
         file: Option<PathBuf>,

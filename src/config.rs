@@ -61,7 +61,7 @@ pub enum ConfigError {
     },
 }
 
-/// Reads and validates `path`, without overrides (`check-config`).
+/// Reads and validates `path`.
 pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.to_owned(),
@@ -110,6 +110,13 @@ fn describe(text: &str, e: &toml::de::Error) -> String {
 /// Loads the file named by `--config` and applies the command line's overrides.
 pub fn load(overrides: &Overrides) -> Result<FileConfig, ConfigError> {
     let mut config = read(&overrides.config)?;
+    apply(overrides, &mut config);
+    Ok(config)
+}
+
+/// Puts the command line's overrides (flags, and the environment's Redis URL) over `config`:
+/// what a start with them would run, which `check-config` checks too.
+pub fn apply(overrides: &Overrides, config: &mut FileConfig) {
     if let Some(dir) = &overrides.data_dir {
         config.data_dir = dir.clone();
     }
@@ -129,7 +136,6 @@ pub fn load(overrides: &Overrides) -> Result<FileConfig, ConfigError> {
     tls.listen = overrides.tls_listen.or(tls.listen);
     tls.cert = overrides.tls_cert.clone().or(tls.cert.take());
     tls.key = overrides.tls_key.clone().or(tls.key.take());
-    Ok(config)
 }
 
 #[cfg(test)]

@@ -83,7 +83,11 @@ fn main() -> anyhow::Result<()> {
         Command::Keys(keys) => keys::run(keys, &config::load(overrides)?),
         Command::CheckConfig { file } => {
             let path = file.as_ref().unwrap_or(&overrides.config);
-            config::check_files(&config::read(path)?)?;
+            let mut config = config::read(path)?;
+            // With flags, the configuration they make: a certificate given on the command line
+            // is checked as a start would load it.
+            config::apply(overrides, &mut config);
+            config::check_files(&config)?;
             Ok(output::print(&format!("{}: ok", path.display()))?)
         }
     }

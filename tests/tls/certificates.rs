@@ -4,8 +4,8 @@
 use super::*;
 
 /// A certificate cut off, missing, of another key, expired, or a key given as the certificate
-/// stops the start within seconds and fails `check-config`, each naming the file and why; a TLS
-/// table with a listener and no files is a configuration error.
+/// stops the start within seconds and fails `check-config`, from the file or from flags, each
+/// naming the file and why; a TLS table with a listener and no files is a configuration error.
 #[test]
 fn unusable_certificates_are_clear_errors_at_start_and_in_check_config() {
     let dir = tempfile::tempdir().unwrap();
@@ -54,12 +54,39 @@ fn unusable_certificates_are_clear_errors_at_start_and_in_check_config() {
             stderr.contains(why) && stderr.contains(file.to_str().unwrap()),
             "{stderr}"
         );
+        // Given as flags, as a start takes them, they are checked alike.
+        let (code, _, stderr) = check_with_flags(&tls, cert, key);
+        assert_eq!(code, 1, "check-config with flags, {why}: {stderr}");
+        assert!(
+            stderr.contains(why) && stderr.contains(file.to_str().unwrap()),
+            "{stderr}"
+        );
     }
+    let tls = free_addr().to_string();
+    let (code, stdout, stderr) = check_with_flags(&tls, &cert, &key);
+    assert_eq!(code, 0, "a good pair as flags: {stderr}");
+    assert!(stdout.ends_with(": ok\n"), "{stdout}");
     let half = dir.path().join("half.toml");
     std::fs::write(&half, "[gateway.tls]\nlisten = \"127.0.0.1:1\"\n").unwrap();
     let (code, _, stderr) = cli(&["check-config", half.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(stderr.contains("gateway.tls"), "{stderr}");
+}
+
+/// `check-config` of the shipped configuration with a TLS listener, `cert` and `key` as flags:
+/// (exit code, stdout, stderr).
+fn check_with_flags(tls: &str, cert: &Path, key: &Path) -> (i32, String, String) {
+    let shipped = shipped_config();
+    cli(&[
+        "check-config",
+        shipped.to_str().unwrap(),
+        "--tls-listen",
+        tls,
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ])
 }
 
 /// The status of a GET of `url` with `api_key`, by `client`.
