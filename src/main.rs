@@ -8,6 +8,8 @@ mod logging;
 mod output;
 mod run;
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
 use cli::{Cli, Command};
@@ -62,12 +64,24 @@ fn raise_open_files_limit() {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     tune_allocator();
     logging::init();
     // Before pingora, which would install ring's, without the post-quantum key exchange.
     animal_store_gateway::tls::install_crypto_provider();
-    let cli = Cli::parse();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line, each cause after a colon, and no backtrace whatever `RUST_BACKTRACE`
+            // says: a user's mistake needs its message, not our stack.
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the command `cli` asks for.
+fn run(cli: Cli) -> anyhow::Result<()> {
     let overrides = &cli.overrides;
     let command = cli.command.unwrap_or(Command::Serve);
     if matches!(
