@@ -109,14 +109,7 @@ async fn serve_bundle(session: &mut Session, ctx: &mut Ctx) -> pingora::Result<(
 /// names one form's bytes.
 fn bundle_tag(gzip: bool) -> String {
     let trailer = &REDOC_JS_GZIP[REDOC_JS_GZIP.len() - 8..];
-    let word = |at: usize| {
-        u32::from_le_bytes([
-            trailer[at],
-            trailer[at + 1],
-            trailer[at + 2],
-            trailer[at + 3],
-        ])
-    };
+    let word = |at: usize| u32::from_le_bytes(trailer[at..at + 4].try_into().expect("4 bytes"));
     let form = if gzip { "-gzip" } else { "" };
     format!("\"{:08x}-{:x}{form}\"", word(0), word(4))
 }
