@@ -387,8 +387,6 @@ fn an_address_that_cannot_be_bound_stops_the_start_naming_it() {
     let cases = [
         ("gateway", &taken, &admin, "--listen", &taken),
         ("serve", &listen, &taken, "--admin-listen", &taken),
-        // Two settings naming one address.
-        ("gateway", &listen, &listen, "--admin-listen", &listen),
     ];
     for (command, listen, admin, flag, address) in cases {
         let (code, err) = start_fails(&[
@@ -412,6 +410,31 @@ fn an_address_that_cannot_be_bound_stops_the_start_naming_it() {
         assert!(err.contains("in use"), "{command}: {err}");
         assert!(!err.contains("panicked"), "{command}: {err}");
     }
+    // Two settings naming one address: refused before anything binds, by `check-config` too,
+    // and so is a gateway listening where it forwards the pets.
+    let (config, data) = (config.to_str().unwrap(), data.to_str().unwrap());
+    let clashes = [
+        (
+            ["--admin-listen", &listen, "--backend-listen", &backend],
+            format!("gateway.admin_listen (--admin-listen): {listen} is taken by gateway.listen"),
+        ),
+        (
+            ["--admin-listen", &admin, "--backend-listen", &listen],
+            format!("backend.listen (--backend-listen): {listen} is taken by gateway.listen"),
+        ),
+    ];
+    for (flags, says) in &clashes {
+        let mut args = vec!["gateway", "--config", config, "--data-dir", data];
+        args.extend(["--listen", &listen]);
+        args.extend(flags);
+        let (code, err) = start_fails(&args);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains(says.as_str()), "{err}");
+        args[0] = "check-config";
+        let (code, _, err) = common::cli(&args);
+        assert_eq!(code, 1, "check-config: {err}");
+        assert!(err.contains(says.as_str()), "check-config: {err}");
+    }
     // `serve`'s first start issues a key only if it can listen: else the key would be shown
     // once, by a start that failed, and never again.
     let (code, list, err) = common::cli(&[
@@ -419,9 +442,9 @@ fn an_address_that_cannot_be_bound_stops_the_start_naming_it() {
         "list",
         "--json",
         "--config",
-        config.to_str().unwrap(),
+        config,
         "--data-dir",
-        data.to_str().unwrap(),
+        data,
     ]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(list.trim(), "[]", "no key issued by a start that failed");

@@ -101,6 +101,25 @@ fn redis_target(url: &str, ca: Option<&Path>) -> Result<RedisTarget, String> {
     Ok(RedisTarget { urls, ca })
 }
 
+/// Refuses two of the process's sockets on one address: the second listener's bind would fail,
+/// and a gateway listening where the backend does would forward to itself. One of them on
+/// `0.0.0.0` (or `[::]`) takes the port for every address of its family; port 0 is the system's
+/// to choose, a different one each time.
+fn distinct_sockets(sockets: &[(&str, SocketAddr)]) -> Result<(), String> {
+    let overlap = |a: SocketAddr, b: SocketAddr| {
+        a.port() == b.port()
+            && a.port() != 0
+            && a.is_ipv4() == b.is_ipv4()
+            && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+    };
+    for (i, &(name, addr)) in sockets.iter().enumerate() {
+        if let Some((other, _)) = sockets[..i].iter().find(|(_, seen)| overlap(*seen, addr)) {
+            return Err(format!("{name}: {addr} is taken by {other}"));
+        }
+    }
+    Ok(())
+}
+
 impl Settings {
     /// Validates `config`; `backend` is where the `backend` upstream points.
     pub fn new(config: &GatewayConfig, backend: SocketAddr) -> Result<Settings, String> {
@@ -156,6 +175,16 @@ impl Settings {
                 );
             }
         };
+        let mut sockets = vec![
+            ("gateway.listen (--listen)", config.listen),
+            ("gateway.admin_listen (--admin-listen)", config.admin_listen),
+            ("backend.listen (--backend-listen)", backend),
+        ];
+        sockets.extend(
+            tls.as_ref()
+                .map(|(addr, _)| ("gateway.tls.listen (--tls-listen)", *addr)),
+        );
+        distinct_sockets(&sockets)?;
         if config.health_check_interval_ms.get() < MIN_HEALTH_CHECK_INTERVAL_MS {
             return Err(format!(
                 "gateway.health_check_interval_ms must be at least {MIN_HEALTH_CHECK_INTERVAL_MS}"
@@ -405,6 +434,21 @@ mod tests {
             err.starts_with("gateway.routes[0].ca") && err.contains("/nonexistent.pem"),
             "{err}"
         );
+        let err = settings("admin_listen = \"127.0.0.1:8081\"\n").unwrap_err();
+        assert_eq!(
+            err,
+            "backend.listen (--backend-listen): 127.0.0.1:8081 is taken by gateway.admin_listen (--admin-listen)"
+        );
+        let err = settings("listen = \"0.0.0.0:9090\"\n").unwrap_err();
+        assert!(
+            err.starts_with(
+                "gateway.admin_listen (--admin-listen): 127.0.0.1:9090 is taken by gateway.listen"
+            ),
+            "{err}"
+        );
+        settings("listen = \"[::1]:9090\"\n").unwrap();
+        settings("listen = \"127.0.0.2:9090\"\n").unwrap();
+        settings("listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n").unwrap();
         let err = settings("health_check_interval_ms = 50\n").unwrap_err();
         assert_eq!(err, "gateway.health_check_interval_ms must be at least 100");
         let err = settings("[bans]\nbase_seconds = 0\n").unwrap_err();
