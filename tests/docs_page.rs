@@ -208,6 +208,57 @@ async fn the_script_is_sent_compressed_to_clients_that_take_gzip_and_revalidated
     );
 }
 
+/// The OpenAPI description and the page are kept by clients but asked for each time
+/// (`no-cache`), and a copy that is current gets a `304` without a body; a copy of another
+/// page's, or none, gets the page.
+#[tokio::test]
+async fn the_description_and_the_page_are_revalidated_by_their_tags() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start_with(dir.path(), &shipped_config());
+    let c = client();
+    let mut tags = Vec::new();
+    for (path, content) in [
+        (
+            animal_store_contract::OPENAPI_PATH,
+            animal_store_contract::OPENAPI_YAML,
+        ),
+        (
+            animal_store_contract::DOCS_PATH,
+            animal_store_contract::DOCS_HTML,
+        ),
+    ] {
+        let first = c.get(stack.url(path)).send().await.unwrap();
+        assert_eq!(first.status(), 200, "{path}");
+        assert_eq!(first.headers()["cache-control"], "no-cache", "{path}");
+        assert!(first.headers().get("vary").is_none(), "{path}: one form");
+        let tag = first.headers()["etag"].to_str().unwrap().to_owned();
+        assert_eq!(first.text().await.unwrap(), content, "{path}");
+        let again = c
+            .get(stack.url(path))
+            .header("If-None-Match", &tag)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(again.status(), 304, "{path}");
+        assert_eq!(again.headers()["etag"], tag.as_str(), "{path}");
+        assert!(again.headers().get("x-ratelimit-limit").is_some(), "{path}");
+        assert!(again.bytes().await.unwrap().is_empty(), "{path}");
+        tags.push(tag);
+    }
+    assert_ne!(tags[0], tags[1]);
+    let crossed = c
+        .get(stack.url(animal_store_contract::DOCS_PATH))
+        .header("If-None-Match", &tags[0])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        crossed.status(),
+        200,
+        "the description's tag is not the page's"
+    );
+}
+
 /// A page served on `listener` (its own origin) that calls the gateway with `fetch` and writes
 /// what it could read of the answer into the DOM; returns the page's URL.
 async fn page_server(

@@ -48,18 +48,83 @@ pub fn public_page(request: &RequestHeader) -> Option<Page> {
     }
 }
 
+/// A page's bytes as they are served: their media type, the gzip form if there is one, their
+/// entity tag and how long a client may keep them without asking.
+struct Asset {
+    content_type: &'static str,
+    bytes: &'static [u8],
+    gzip: Option<&'static [u8]>,
+    /// The bytes' CRC-32 (the one gzip writes), for the tag.
+    crc: u32,
+    cache_control: &'static str,
+}
+
+/// The OpenAPI description and the page change with the binary; a client keeps them but asks
+/// each time, so that it sees a new gateway's at once, and a `304` answers while they are the
+/// same.
+const OPENAPI: Asset = Asset {
+    content_type: "application/yaml",
+    bytes: OPENAPI_YAML.as_bytes(),
+    gzip: None,
+    crc: crc32(OPENAPI_YAML.as_bytes()),
+    cache_control: "no-cache",
+};
+
+const DOCS: Asset = Asset {
+    content_type: "text/html; charset=utf-8",
+    bytes: DOCS_HTML.as_bytes(),
+    gzip: None,
+    crc: crc32(DOCS_HTML.as_bytes()),
+    cache_control: "no-cache",
+};
+
+/// Redoc's bundle, as nginx serves a static file with `gzip_static`: compressed to a client
+/// that accepts gzip (0.65 MB in place of 2.3), whole to others, with `Vary: Accept-Encoding`;
+/// kept by the client for a day, then revalidated by its tag. Its CRC-32 is the one the gzip
+/// form's trailer holds (RFC 1952), read rather than computed over 2.3 MB.
+const REDOC: Asset = Asset {
+    content_type: "text/javascript; charset=utf-8",
+    bytes: REDOC_JS,
+    gzip: Some(REDOC_JS_GZIP),
+    crc: {
+        let at = REDOC_JS_GZIP.len() - 8;
+        let t = REDOC_JS_GZIP;
+        u32::from_le_bytes([t[at], t[at + 1], t[at + 2], t[at + 3]])
+    },
+    cache_control: "public, max-age=86400",
+};
+
+/// The CRC-32 of `bytes` (IEEE, as gzip's), at compile time.
+const fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    let mut i = 0;
+    while i < bytes.len() {
+        crc ^= bytes[i] as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = (crc >> 1) ^ (0xEDB8_8320 & (crc & 1).wrapping_neg());
+            bit += 1;
+        }
+        i += 1;
+    }
+    !crc
+}
+
+impl Asset {
+    /// The entity tag of one form: the CRC-32 and length of the bytes it decodes to; the gzip
+    /// form's adds `-gzip`, as a strong tag names one form's bytes.
+    fn tag(&self, gzip: bool) -> String {
+        let form = if gzip { "-gzip" } else { "" };
+        format!("\"{:08x}-{:x}{form}\"", self.crc, self.bytes.len())
+    }
+}
+
 /// Sends `page`.
 pub async fn serve(session: &mut Session, ctx: &mut Ctx, page: Page) -> pingora::Result<()> {
-    let (content_type, body) = match page {
-        Page::OpenApi => (
-            "application/yaml",
-            Bytes::from_static(OPENAPI_YAML.as_bytes()),
-        ),
-        Page::Docs => (
-            "text/html; charset=utf-8",
-            Bytes::from_static(DOCS_HTML.as_bytes()),
-        ),
-        Page::Redoc => return serve_bundle(session, ctx).await,
+    let asset = match page {
+        Page::OpenApi => &OPENAPI,
+        Page::Docs => &DOCS,
+        Page::Redoc => &REDOC,
         Page::DocsWithSlash => {
             // Relative, so it stays on the address and listener the client used.
             let mut response = ResponseHeader::build(308, Some(8))?;
@@ -68,50 +133,31 @@ pub async fn serve(session: &mut Session, ctx: &mut Ctx, page: Page) -> pingora:
             return send(session, ctx, response, "text/plain; charset=utf-8", body).await;
         }
     };
-    let response = ResponseHeader::build(200, Some(8))?;
-    send(session, ctx, response, content_type, body).await
+    serve_asset(session, ctx, asset).await
 }
 
-/// Redoc's bundle, as nginx serves a static file with `gzip_static`: compressed to a client
-/// that accepts gzip (0.65 MB in place of 2.3), whole to others, with `Vary: Accept-Encoding`;
-/// kept by the client for a day, then revalidated by its entity tag, which a `304` without a
-/// body confirms.
-async fn serve_bundle(session: &mut Session, ctx: &mut Ctx) -> pingora::Result<()> {
+/// Sends `asset`, compressed if it has a gzip form and the client takes it, or a `304` without
+/// a body when the client's copy is current (`If-None-Match`).
+async fn serve_asset(session: &mut Session, ctx: &mut Ctx, asset: &Asset) -> pingora::Result<()> {
     let request = session.req_header();
-    let gzip = accepts_gzip(request);
-    let tag = bundle_tag(gzip);
+    let gzip = asset.gzip.filter(|_| accepts_gzip(request));
+    let tag = asset.tag(gzip.is_some());
     let current = names_tag(request, &tag);
     let mut response = ResponseHeader::build(if current { 304 } else { 200 }, Some(8))?;
-    // The bundle changes only with the binary.
-    response.insert_header("Cache-Control", "public, max-age=86400")?;
+    response.insert_header("Cache-Control", asset.cache_control)?;
     response.insert_header("ETag", &tag)?;
-    response.insert_header("Vary", "Accept-Encoding")?;
-    let body = if current {
-        Bytes::new()
-    } else if gzip {
-        response.insert_header("Content-Encoding", "gzip")?;
-        Bytes::from_static(REDOC_JS_GZIP)
-    } else {
-        Bytes::from_static(REDOC_JS)
+    if asset.gzip.is_some() {
+        response.insert_header("Vary", "Accept-Encoding")?;
+    }
+    let body = match gzip {
+        _ if current => Bytes::new(),
+        Some(gzip) => {
+            response.insert_header("Content-Encoding", "gzip")?;
+            Bytes::from_static(gzip)
+        }
+        None => Bytes::from_static(asset.bytes),
     };
-    send(
-        session,
-        ctx,
-        response,
-        "text/javascript; charset=utf-8",
-        body,
-    )
-    .await
-}
-
-/// The bundle's entity tag in one form: its CRC-32 and length, which the gzip form's last eight
-/// bytes hold (RFC 1952), so nothing is computed; the gzip form's adds `-gzip`, as a strong tag
-/// names one form's bytes.
-fn bundle_tag(gzip: bool) -> String {
-    let trailer = &REDOC_JS_GZIP[REDOC_JS_GZIP.len() - 8..];
-    let word = |at: usize| u32::from_le_bytes(trailer[at..at + 4].try_into().expect("4 bytes"));
-    let form = if gzip { "-gzip" } else { "" };
-    format!("\"{:08x}-{:x}{form}\"", word(0), word(4))
+    send(session, ctx, response, asset.content_type, body).await
 }
 
 /// Whether `request`'s `Accept-Encoding` takes gzip (RFC 9110 section 12.5.3): named (or as
@@ -247,8 +293,8 @@ mod tests {
 
     #[test]
     fn each_form_has_its_own_tag_from_the_bundles_crc_and_length() {
-        let plain = bundle_tag(false);
-        let gzip = bundle_tag(true);
+        let plain = REDOC.tag(false);
+        let gzip = REDOC.tag(true);
         assert_eq!(gzip, format!("{}-gzip\"", plain.trim_end_matches('"')));
         let length = plain.trim_matches('"').split_once('-').unwrap().1;
         assert_eq!(
@@ -257,15 +303,25 @@ mod tests {
         );
     }
 
+    /// The CRC computed at compile time is gzip's: over the bundle it gives the one its gzip
+    /// form's trailer holds, and the check value of the standard's test string.
+    #[test]
+    fn the_computed_crc_is_the_one_gzip_writes() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+        assert_eq!(crc32(REDOC_JS), REDOC.crc);
+        assert_ne!(OPENAPI.tag(false), DOCS.tag(false));
+    }
+
     #[test]
     fn a_copy_is_current_when_its_tag_is_named() {
-        let tag = bundle_tag(true);
+        let tag = REDOC.tag(true);
         for (if_none_match, current) in [
             (tag.clone(), true),
             (format!("W/{tag}"), true),
             (format!("\"other\", {tag}"), true),
             ("*".to_owned(), true),
-            (bundle_tag(false), false), // the other form's
+            (REDOC.tag(false), false), // the other form's
             ("\"other\"".to_owned(), false),
         ] {
             let request = bundle_request(&[("If-None-Match", &if_none_match)]);
