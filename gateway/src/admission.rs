@@ -277,7 +277,8 @@ impl Gateway {
 struct HeaderScan {
     /// How many headers.
     count: usize,
-    /// The bytes of their names and values.
+    /// The bytes of the request target and of the headers' names and values: what is forwarded
+    /// of the head.
     bytes: usize,
     /// `Content-Length` values, each of a list counted.
     lengths: usize,
@@ -296,6 +297,7 @@ impl HeaderScan {
         use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
         let mut scan = HeaderScan {
             count: request.headers.len(),
+            bytes: request.raw_path().len(),
             only_chunked: true,
             ..HeaderScan::default()
         };
@@ -337,14 +339,14 @@ impl HeaderScan {
         Ok(())
     }
 
-    /// Refuses more headers, or more header bytes, than are forwarded.
+    /// Refuses more headers, or a longer head (target and headers), than are forwarded.
     fn size(&self, settings: &Settings) -> std::result::Result<(), String> {
         if self.count > MAX_HEADERS {
             return Err(format!("a request may carry at most {MAX_HEADERS} headers"));
         }
         if self.bytes > settings.max_header_bytes {
             return Err(format!(
-                "the request headers are larger than {} bytes",
+                "the request target and headers are larger than {} bytes together",
                 settings.max_header_bytes
             ));
         }

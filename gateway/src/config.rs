@@ -25,7 +25,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
 /// Default request body limit: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
-/// Default limit on a request's header names and values together: 16 KiB.
+/// Default limit on a request's target, header names and values together: 16 KiB.
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 16 * 1024;
 /// Most request headers forwarded. Upstreams on hyper (the backend among them) answer more than
 /// 100 with a bare 431, so the gateway refuses them first, with the contract's error body.
@@ -72,7 +72,8 @@ pub struct GatewayConfig {
     pub header_timeout_seconds: NonZeroU64,
     /// Request bodies over this many bytes get 413 without reaching an upstream.
     pub max_body_bytes: u64,
-    /// Requests whose header names and values exceed this many bytes get 400 `invalid_request`.
+    /// Requests whose target, header names and values together exceed this many bytes get 400
+    /// `invalid_request`.
     pub max_header_bytes: usize,
     /// Default time an upstream may take to answer before the client gets 504.
     pub upstream_timeout_ms: NonZeroU64,

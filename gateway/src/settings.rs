@@ -40,7 +40,7 @@ pub struct Settings {
     pub header_timeout: Duration,
     /// Request body limit.
     pub max_body_bytes: u64,
-    /// Request header limit (names and values together).
+    /// Request head limit (the target, header names and values together).
     pub max_header_bytes: usize,
     /// Upstream connect timeout.
     pub connect_timeout: Duration,

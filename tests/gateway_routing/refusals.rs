@@ -263,6 +263,9 @@ async fn a_body_framed_ambiguously_is_refused_and_its_connection_closed() {
     assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
 }
 
+/// A head over the gateway's limits (more than 100 headers, or a target and headers over
+/// `max_header_bytes` together) gets the contract's 400, as does one past pingora's own; one
+/// within them is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_request_headers_are_refused_with_the_contract_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -284,7 +287,29 @@ async fn oversized_request_headers_are_refused_with_the_contract_error() {
             "invalid_request"
         );
     }
-    // Within the limits: served.
+    // The target counts too: a 20 KiB query is refused, naming the limit, before it reaches
+    // an upstream.
+    let long_target = |bytes: usize| {
+        format!(
+            "GET /v1/pets?status=available&x={} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n",
+            "q".repeat(bytes)
+        )
+    };
+    let (status, _, body) = raw_http(stack.listen, long_target(20 * 1024).as_bytes());
+    assert_eq!(status, 400);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["code"], "invalid_request");
+    assert!(
+        body["message"].as_str().unwrap().contains("16384 bytes"),
+        "{body}"
+    );
+    // Within the limits: served (the backend's own answer to a parameter it does not know).
+    let (status, _, body) = raw_http(stack.listen, long_target(8 * 1024).as_bytes());
+    assert_eq!(status, 400);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["code"],
+        "invalid_parameter"
+    );
     let (status, _, _) = raw_http(
         stack.listen,
         request(&format!("X-Ok: {}\r\n", "o".repeat(8 * 1024))).as_bytes(),
