@@ -70,6 +70,7 @@ const OPENAPI: Asset = Asset {
     cache_control: "no-cache",
 };
 
+/// The reference page, served as [`OPENAPI`] is.
 const DOCS: Asset = Asset {
     content_type: "text/html; charset=utf-8",
     bytes: DOCS_HTML.as_bytes(),
