@@ -110,13 +110,28 @@ fn describe(text: &str, e: &toml::de::Error) -> String {
 /// Loads the file named by `--config` and applies the command line's overrides.
 pub fn load(overrides: &Overrides) -> Result<FileConfig, ConfigError> {
     let mut config = read(&overrides.config)?;
-    apply(overrides, &mut config);
+    apply(overrides, &mut config, &overrides.config)?;
     Ok(config)
 }
 
-/// Puts the command line's overrides (flags, and the environment's Redis URL) over `config`:
-/// what a start with them would run, which `check-config` checks too.
-pub fn apply(overrides: &Overrides, config: &mut FileConfig) {
+/// Puts the command line's overrides (flags, and the environment's Redis URL) over `config`,
+/// read from `path`: what a start with them would run, which `check-config` checks too. Then
+/// checks what only the two together decide: that no two listeners share an address.
+pub fn apply(
+    overrides: &Overrides,
+    config: &mut FileConfig,
+    path: &Path,
+) -> Result<(), ConfigError> {
+    put_over(overrides, config);
+    animal_store_gateway::settings::distinct_listeners(&config.gateway, config.backend.listen)
+        .map_err(|message| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        })
+}
+
+/// The flags' values in place of the file's.
+fn put_over(overrides: &Overrides, config: &mut FileConfig) {
     if let Some(dir) = &overrides.data_dir {
         config.data_dir = dir.clone();
     }

@@ -100,7 +100,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let mut config = config::read(path)?;
             // With flags, the configuration they make: a certificate given on the command line
             // is checked as a start would load it.
-            config::apply(overrides, &mut config);
+            config::apply(overrides, &mut config, path)?;
             config::check_files(&config)?;
             Ok(output::print(&format!("{}: ok", path.display()))?)
         }

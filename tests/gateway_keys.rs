@@ -435,6 +435,20 @@ fn an_address_that_cannot_be_bound_stops_the_start_naming_it() {
         assert_eq!(code, 1, "check-config: {err}");
         assert!(err.contains(says.as_str()), "check-config: {err}");
     }
+    // What counts is the configuration a start runs: a file whose listener takes the admin
+    // port's default is fine with the admin listener moved by its flag.
+    let moved = dir.path().join("moved.toml");
+    std::fs::write(&moved, "[gateway]\nlisten = \"127.0.0.1:9090\"\n").unwrap();
+    let moved = moved.to_str().unwrap();
+    let (code, _, err) = common::cli(&["check-config", moved]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("127.0.0.1:9090 is taken by gateway.listen"),
+        "{err}"
+    );
+    let (code, out, err) = common::cli(&["check-config", moved, "--admin-listen", &admin]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.ends_with(": ok\n"), "{out}");
     // `serve`'s first start issues a key only if it can listen: else the key would be shown
     // once, by a start that failed, and never again.
     let (code, list, err) = common::cli(&[

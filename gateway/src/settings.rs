@@ -103,7 +103,24 @@ fn redis_target(url: &str, ca: Option<&Path>) -> Result<RedisTarget, String> {
 /// Refuses two of the process's sockets on one address: the second listener's bind would fail,
 /// and a gateway listening where the backend does would forward to itself. One of them on
 /// `0.0.0.0` (or `[::]`) takes the port for every address of its family; port 0 is the system's
-/// to choose, a different one each time.
+/// to choose, a different one each time. Checked on the configuration a start runs with, the
+/// command line's flags over the file, since a flag may move one of two addresses the file
+/// gives alike.
+pub fn distinct_listeners(config: &GatewayConfig, backend: SocketAddr) -> Result<(), String> {
+    let mut sockets = vec![
+        ("gateway.listen (--listen)", config.listen),
+        ("gateway.admin_listen (--admin-listen)", config.admin_listen),
+        ("backend.listen (--backend-listen)", backend),
+    ];
+    sockets.extend(
+        config
+            .tls
+            .listen
+            .map(|addr| ("gateway.tls.listen (--tls-listen)", addr)),
+    );
+    distinct_sockets(&sockets)
+}
+
 fn distinct_sockets(sockets: &[(&str, SocketAddr)]) -> Result<(), String> {
     let overlap = |a: SocketAddr, b: SocketAddr| {
         a.port() == b.port()
@@ -174,16 +191,6 @@ impl Settings {
                 );
             }
         };
-        let mut sockets = vec![
-            ("gateway.listen (--listen)", config.listen),
-            ("gateway.admin_listen (--admin-listen)", config.admin_listen),
-            ("backend.listen (--backend-listen)", backend),
-        ];
-        sockets.extend(
-            tls.as_ref()
-                .map(|(addr, _)| ("gateway.tls.listen (--tls-listen)", *addr)),
-        );
-        distinct_sockets(&sockets)?;
         if config.health_check_interval_ms.get() < MIN_HEALTH_CHECK_INTERVAL_MS {
             return Err(format!(
                 "gateway.health_check_interval_ms must be at least {MIN_HEALTH_CHECK_INTERVAL_MS}"
@@ -314,21 +321,6 @@ mod tests {
             err.starts_with("gateway.routes[0].ca") && err.contains("/nonexistent.pem"),
             "{err}"
         );
-        let err = settings("admin_listen = \"127.0.0.1:8081\"\n").unwrap_err();
-        assert_eq!(
-            err,
-            "backend.listen (--backend-listen): 127.0.0.1:8081 is taken by gateway.admin_listen (--admin-listen)"
-        );
-        let err = settings("listen = \"0.0.0.0:9090\"\n").unwrap_err();
-        assert!(
-            err.starts_with(
-                "gateway.admin_listen (--admin-listen): 127.0.0.1:9090 is taken by gateway.listen"
-            ),
-            "{err}"
-        );
-        settings("listen = \"[::1]:9090\"\n").unwrap();
-        settings("listen = \"127.0.0.2:9090\"\n").unwrap();
-        settings("listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n").unwrap();
         let err = settings("health_check_interval_ms = 50\n").unwrap_err();
         assert_eq!(err, "gateway.health_check_interval_ms must be at least 100");
         let err = settings("[bans]\nbase_seconds = 0\n").unwrap_err();
@@ -336,5 +328,37 @@ mod tests {
             err.contains("base_seconds") || err.contains("zero"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn two_listeners_on_one_address_are_refused_naming_both() {
+        let listeners = |toml_text: &str| {
+            let config: GatewayConfig = toml::from_str(toml_text).unwrap();
+            distinct_listeners(&config, "127.0.0.1:8081".parse().unwrap())
+        };
+        listeners("").unwrap();
+        let err = listeners("admin_listen = \"127.0.0.1:8081\"\n").unwrap_err();
+        assert_eq!(
+            err,
+            "backend.listen (--backend-listen): 127.0.0.1:8081 is taken by gateway.admin_listen (--admin-listen)"
+        );
+        let err = listeners("listen = \"0.0.0.0:9090\"\n").unwrap_err();
+        assert!(
+            err.starts_with(
+                "gateway.admin_listen (--admin-listen): 127.0.0.1:9090 is taken by gateway.listen"
+            ),
+            "{err}"
+        );
+        let err = listeners("[tls]\nlisten = \"127.0.0.1:8080\"\n").unwrap_err();
+        assert!(
+            err.starts_with("gateway.tls.listen (--tls-listen)"),
+            "{err}"
+        );
+        listeners("listen = \"[::1]:9090\"\n").unwrap();
+        listeners("listen = \"127.0.0.2:9090\"\n").unwrap();
+        listeners("listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n").unwrap();
+        // Not a rule of the settings alone: a flag may move one of the two.
+        let config: GatewayConfig = toml::from_str("listen = \"127.0.0.1:9090\"\n").unwrap();
+        Settings::new(&config, "127.0.0.1:8081".parse().unwrap()).unwrap();
     }
 }
