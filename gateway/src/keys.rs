@@ -151,10 +151,26 @@ fn seconds(flag: &str, duration: std::time::Duration, shortest: u64) -> Result<u
     if secs < shortest || duration > LONGEST {
         return Err(KeyError::Invalid(format!(
             "{flag} must be from {shortest}s to 36500d (100 years), not {}",
-            humantime::format_duration(duration)
+            in_largest_unit(duration)
         )));
     }
     Ok(secs)
+}
+
+/// `duration` in the largest of days, hours, minutes and seconds that it is a whole number of,
+/// as it was most likely typed: `1000000d`, not humantime's `2737years 10months 6days 8h 24m`.
+fn in_largest_unit(duration: std::time::Duration) -> String {
+    if duration.subsec_nanos() != 0 {
+        return humantime::format_duration(duration).to_string();
+    }
+    let secs = duration.as_secs();
+    match [(86_400, 'd'), (3_600, 'h'), (60, 'm')]
+        .into_iter()
+        .find(|(unit, _)| secs != 0 && secs.is_multiple_of(*unit))
+    {
+        Some((unit, name)) => format!("{}{name}", secs / unit),
+        None => format!("{secs}s"),
+    }
 }
 
 /// A name shows in `keys list`, one line per key with tab-separated fields: it is 1 to 100
@@ -321,6 +337,20 @@ mod tests {
     use super::*;
     use crate::key_set::KeySet;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_refused_duration_is_written_in_its_largest_whole_unit() {
+        let written = |secs| in_largest_unit(std::time::Duration::from_secs(secs));
+        assert_eq!(written(86_400_000_000), "1000000d");
+        assert_eq!(written(5_400), "90m");
+        assert_eq!(written(7_200), "2h");
+        assert_eq!(written(90), "90s");
+        assert_eq!(written(0), "0s");
+        assert_eq!(
+            in_largest_unit(std::time::Duration::from_millis(500)),
+            "500ms"
+        );
+    }
 
     #[test]
     fn generated_keys_parse_and_are_distinct() {
