@@ -118,10 +118,6 @@ pub fn distinct_listeners(config: &GatewayConfig, backend: SocketAddr) -> Result
             .listen
             .map(|addr| ("gateway.tls.listen (--tls-listen)", addr)),
     );
-    distinct_sockets(&sockets)
-}
-
-fn distinct_sockets(sockets: &[(&str, SocketAddr)]) -> Result<(), String> {
     let overlap = |a: SocketAddr, b: SocketAddr| {
         a.port() == b.port()
             && a.port() != 0
