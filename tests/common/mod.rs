@@ -36,10 +36,20 @@ pub fn shipped_config() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("config/animal-store.toml")
 }
 
-/// A loopback address with a port the OS just handed out (and we released).
+/// A loopback address with a port the OS just handed out (and we released), never one this
+/// process handed out before: the OS may give a released port again at once, and a server given
+/// one port for two of its listeners refuses to start (the gateway checks that they differ).
 pub fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().unwrap()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let addr = listener.local_addr().unwrap();
+        if !handed_out.contains(&addr.port()) {
+            handed_out.push(addr.port());
+            return addr;
+        }
+    }
 }
 
 /// Waits until something accepts TCP connections on `addr`.
