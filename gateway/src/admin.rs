@@ -36,34 +36,80 @@ impl Admin {
             .map(|r| r.prefix.clone())
     }
 
-    /// The answer to a request for `path`: status, content type and body.
-    fn answer(&self, path: &str) -> (u16, &'static str, Vec<u8>) {
+    /// The answer to a `method` request for `path`: status, content type and body, and the
+    /// methods allowed when the method is not one of them. The three paths are read, never
+    /// written: any other method gets `405` with `Allow: GET, HEAD`, as the public port's read-only
+    /// resources do, rather than a `200` that tells a mistaken `POST /metrics` it worked.
+    fn answer(&self, method: &http::Method, path: &str) -> Answer {
+        let known = matches!(path, "/metrics" | "/healthz" | "/readyz");
+        if known && method != http::Method::GET && method != http::Method::HEAD {
+            let message = format!("{path} is read with GET or HEAD");
+            return Answer::error(ErrorCode::MethodNotAllowed, &message).allowing("GET, HEAD");
+        }
         match path {
-            "/metrics" => (200, "text/plain; version=0.0.4", metrics::render()),
-            "/healthz" => (200, "application/json", br#"{"status":"ok"}"#.to_vec()),
+            "/metrics" => Answer::ok(200, "text/plain; version=0.0.4", metrics::render()),
+            "/healthz" => Answer::ok(200, "application/json", br#"{"status":"ok"}"#.to_vec()),
             "/readyz" if self.stopping.load(Ordering::Relaxed) => {
-                (503, "application/json", br#"{"status":"stopping"}"#.to_vec())
+                Answer::ok(503, "application/json", br#"{"status":"stopping"}"#.to_vec())
             }
             "/readyz" => match self.unhealthy_route() {
-                Some(route) => (
+                Some(route) => Answer::ok(
                     503,
                     "application/json",
                     serde_json::json!({"status": "unready", "route_without_healthy_instance": route})
                         .to_string()
                         .into_bytes(),
                 ),
-                None => (200, "application/json", br#"{"status":"ready"}"#.to_vec()),
+                None => Answer::ok(200, "application/json", br#"{"status":"ready"}"#.to_vec()),
             },
-            _ => (
-                404,
-                JSON_CONTENT_TYPE,
-                ErrorBody::new(
-                    ErrorCode::NotFound,
-                    "admin paths are /metrics, /healthz and /readyz",
-                )
-                .to_json(),
+            _ => Answer::error(
+                ErrorCode::NotFound,
+                "admin paths are /metrics, /healthz and /readyz",
             ),
         }
+    }
+}
+
+/// What the admin listener sends for one request.
+struct Answer {
+    status: u16,
+    content_type: &'static str,
+    body: Vec<u8>,
+    /// `Allow`, for a `405`.
+    allow: Option<&'static str>,
+}
+
+impl Answer {
+    fn ok(status: u16, content_type: &'static str, body: Vec<u8>) -> Self {
+        Self {
+            status,
+            content_type,
+            body,
+            allow: None,
+        }
+    }
+
+    /// The contract's error body, with the code's status.
+    fn error(code: ErrorCode, message: &str) -> Self {
+        let body = ErrorBody::new(code, message).to_json();
+        Self::ok(code.status(), JSON_CONTENT_TYPE, body)
+    }
+
+    fn allowing(self, methods: &'static str) -> Self {
+        Self {
+            allow: Some(methods),
+            ..self
+        }
+    }
+
+    /// The response head: the status, `Content-Type`, `Content-Length` and any `Allow`.
+    fn head(&self) -> ResponseHeader {
+        let mut head = head(self.status, self.content_type, self.body.len());
+        if let Some(methods) = self.allow {
+            head.insert_header("Allow", methods)
+                .expect("the admin's Allow values are valid");
+        }
+        head
     }
 }
 
@@ -107,10 +153,10 @@ impl HttpServerApp for Admin {
                 return None;
             }
         }
-        let (status, content_type, body) = self.answer(http.req_header().uri.path());
-        let head = Box::new(head(status, content_type, body.len()));
-        let written = match http.write_response_header(head).await {
-            Ok(()) => http.write_response_body(body.into(), true).await,
+        let request = http.req_header();
+        let answer = self.answer(&request.method, request.uri.path());
+        let written = match http.write_response_header(Box::new(answer.head())).await {
+            Ok(()) => http.write_response_body(answer.body.into(), true).await,
             Err(e) => Err(e),
         };
         if let Err(e) = written {

@@ -101,6 +101,21 @@ async fn admin_listener_serves_health_readiness_and_metrics() {
         "not_found",
     )
     .await;
+    // The three paths are read-only: another method is told so, with what it may use, and the
+    // connection (its body read and dropped) serves the next request.
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        let r = c.post(admin(path)).body("reset=1").send().await.unwrap();
+        assert_eq!(r.headers()["allow"], "GET, HEAD", "{path}");
+        assert_error(r, 405, "method_not_allowed").await;
+        let r = c.head(admin(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    assert_error(
+        c.delete(admin("/nope")).send().await.unwrap(),
+        404,
+        "not_found",
+    )
+    .await;
     // A response is counted in its logging phase, after the client has it: the last one may
     // still be on its way into the metrics.
     let admin_addr = stack.admin;
