@@ -1,5 +1,5 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz` (the process runs) and
-//! `/readyz` (not shutting down, and every route has a healthy instance). Never on the public
+//! `/readyz` (not shutting down, keys loaded, and every route has a healthy instance). Never on the public
 //! port.
 
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use pingora::http::ResponseHeader;
 use pingora::protocols::http::ServerSession;
 use pingora::server::ShutdownWatch;
 
+use crate::keyring::Keyring;
 use crate::{connections, errors, metrics};
 
 /// The admin HTTP app.
@@ -23,6 +24,8 @@ pub struct Admin {
     pub stopping: Arc<AtomicBool>,
     /// The configuration in force: its routes' health decides readiness.
     pub live: Arc<ArcSwap<crate::Settings>>,
+    /// The keys: not ready until some were read ([`Keyring::loaded`]).
+    pub keys: Arc<Keyring>,
 }
 
 impl Admin {
@@ -52,6 +55,11 @@ impl Admin {
             "/readyz" if self.stopping.load(Ordering::Relaxed) => {
                 Answer::ok(503, "application/json", br#"{"status":"stopping"}"#.to_vec())
             }
+            "/readyz" if !self.keys.loaded() => Answer::ok(
+                503,
+                "application/json",
+                br#"{"status":"unready","key_store":"not loaded"}"#.to_vec(),
+            ),
             "/readyz" => match self.unhealthy_route() {
                 Some(route) => Answer::ok(
                     503,

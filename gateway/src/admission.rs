@@ -162,6 +162,7 @@ impl Gateway {
         ip: IpAddr,
         ctx: &mut Ctx,
     ) -> std::result::Result<Arc<ActiveKey>, GatewayError> {
+        let loaded = self.keys.loaded(); // before the set, which is then the one it speaks of
         let mut authorization = request.headers.get_all(http::header::AUTHORIZATION).iter();
         let first = authorization.next().map(HeaderValue::as_bytes);
         let decided = match authorization.next() {
@@ -172,6 +173,15 @@ impl Gateway {
             Ok(key) => {
                 key.touch(ctx.now_ms);
                 return Ok(key);
+            }
+            Err(AuthFailure::UnknownKey) if !loaded => {
+                // No keys were ever read (Redis away since the start, no local copy): the key
+                // may well be valid, so it is neither refused as invalid nor counted as a failure.
+                return Err(GatewayError::new(
+                    ErrorCode::Unavailable,
+                    "the key store has not been loaded yet; retry shortly",
+                )
+                .retry_after(Some(1)));
             }
             Err(failure) => failure,
         };

@@ -53,16 +53,22 @@ impl KeyStore {
 
     /// Every record, revoked ones included; empty when the file does not exist.
     pub fn load(&self) -> Result<Vec<KeyRecord>, KeyError> {
+        Ok(self.load_existing()?.unwrap_or_default())
+    }
+
+    /// Every record, revoked ones included; `None` when the file does not exist, which for a
+    /// copy of Redis's keys means there is no copy (an empty one is a copy of no keys).
+    pub fn load_existing(&self) -> Result<Option<Vec<KeyRecord>>, KeyError> {
         let text = match fs::read_to_string(&self.path) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(self.io(source)),
         };
         let file: StoreFile = serde_json::from_str(&text).map_err(|e| KeyError::Corrupt {
             path: self.path.clone(),
             message: e.to_string(),
         })?;
-        Ok(file.keys)
+        Ok(Some(file.keys))
     }
 
     /// Issues a key as `new` asks; returns the record and the key, which is never stored and

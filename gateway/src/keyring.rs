@@ -10,7 +10,7 @@
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -236,6 +236,10 @@ pub struct Keyring {
     interval: Duration,
     /// The Redis version this process last loaded (and copied locally), plus one; 0: none.
     loaded_version: AtomicU64,
+    /// Whether the set in force was read from the store or from a local copy of it. Not when
+    /// Redis could not be reached at the start and there was no copy: the empty set then says
+    /// nothing about a key, which must not be told it is invalid.
+    loaded: AtomicBool,
 }
 
 impl Keyring {
@@ -246,16 +250,27 @@ impl Keyring {
         plans: Plans,
         interval: Duration,
     ) -> Result<Arc<Keyring>, KeyError> {
-        let (stamp, records) = match source.blocking(source.load_stamped(None)) {
-            Ok(loaded) => loaded,
+        let (stamp, records, loaded) = match source.blocking(source.load_stamped(None)) {
+            Ok((stamp, records)) => (stamp, records, true),
             Err(e) => match &source {
-                KeySource::Redis { cache, .. } => {
-                    log::warn!(
-                        "gateway: {e}; using the local copy {} until redis answers",
-                        cache.path().display()
-                    );
-                    (Stamp::Unknown, cache.load()?)
-                }
+                KeySource::Redis { cache, .. } => match cache.load_existing()? {
+                    Some(records) => {
+                        log::warn!(
+                            "gateway: {e}; using the local copy {} until redis answers",
+                            cache.path().display()
+                        );
+                        (Stamp::Unknown, records, true)
+                    }
+                    None => {
+                        log::warn!(
+                            "gateway: {e}, and there is no local copy of the keys ({}): until \
+                             redis answers, requests with a key get 503 unavailable and /readyz \
+                             503",
+                            cache.path().display()
+                        );
+                        (Stamp::Unknown, Vec::new(), false)
+                    }
+                },
                 KeySource::File(_) => return Err(e),
             },
         };
@@ -278,12 +293,19 @@ impl Keyring {
             }),
             stamp: Mutex::new(stamp),
             interval,
+            loaded: AtomicBool::new(loaded),
         }))
     }
 
     /// The key set in force now.
     pub fn current(&self) -> arc_swap::Guard<Arc<KeySet>> {
         self.current.load()
+    }
+
+    /// Whether a set of keys is in force: false only from a start that could read neither
+    /// Redis nor a local copy of its keys until Redis first answers.
+    pub fn loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
     }
 
     /// Reloads if the store changed. A failed read keeps the previous set and is logged.
@@ -311,6 +333,8 @@ impl Keyring {
                 metrics::ACTIVE_KEYS.set(set.len() as i64);
                 metrics::KEY_LOADS.inc();
                 self.current.store(Arc::new(set));
+                // After the set: whoever reads `loaded` true, then the set, reads this one.
+                self.loaded.store(true, Ordering::Release);
                 if let Stamp::Redis(version) = stamp {
                     self.loaded_version.store(version + 1, Ordering::Relaxed);
                 }

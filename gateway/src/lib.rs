@@ -232,6 +232,7 @@ pub fn run(
             admin::Admin {
                 stopping: stopping.clone(),
                 live: live.clone(),
+                keys: keyring.clone(),
             },
             live.clone(),
             Port::Admin,

@@ -1,5 +1,6 @@
 //! What Redis lost of the keys' records: written back by a running gateway, never undoing a
-//! revocation, and not restored by a gateway that started after the loss.
+//! revocation, and not restored by a gateway that started after the loss. A gateway that could
+//! read no keys at all at its start.
 
 use super::*;
 
@@ -139,4 +140,74 @@ async fn a_gateway_started_after_redis_lost_its_data_does_not_restore() {
         Some(0.0)
     );
     assert_eq!(redis.cli(&["hlen", "as:{keys}"]).trim(), "0");
+}
+
+/// A gateway that could read neither Redis nor a local copy of its keys at its start knows no
+/// key, so it says nothing about one: `/readyz` is 503 and a key gets `503 unavailable` (not a
+/// `401` that would tell a client its valid key is bad, nor a failure against its address's
+/// budget) until Redis answers. A request with no key is still a `401`. The next start has the
+/// copy the first load wrote, and is ready with Redis away.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_that_never_read_its_keys_is_unready_and_calls_no_key_invalid() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis_addr = free_addr();
+    let url = format!("redis://{redis_addr}");
+    let config = config(dir.path(), "[gateway.redis]\ntimeout_ms = 100");
+    let backend = Backend::start(&dir.path().join("backend-data"));
+    let start = || {
+        GatewayOnly::start(
+            dir.path(),
+            "a",
+            &config,
+            backend.addr,
+            &["--redis-url", &url],
+        )
+    };
+    let c = client();
+    let readyz = async |g: &GatewayOnly| {
+        let r = c
+            .get(format!("http://{}/readyz", g.admin))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    let get = async |g: &GatewayOnly, key: &str| {
+        c.get(g.url("/v1/pets"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+    };
+
+    let mut gateway = start();
+    let (status, body) = readyz(&gateway).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(r#""key_store":"not loaded""#), "{body}");
+    let stranger = format!("as_{}_{}", "0".repeat(16), "1".repeat(64));
+    for _ in 0..70 {
+        // More than the 60 failures a minute an address may have: none is counted.
+        let r = get(&gateway, &stranger).await;
+        assert_eq!(r.headers()["retry-after"], "1");
+        let body = assert_error(r, 503, "unavailable").await;
+        assert!(
+            body["message"].as_str().unwrap().contains("key store"),
+            "{body}"
+        );
+    }
+    let r = c.get(gateway.url("/v1/pets")).send().await.unwrap();
+    assert_error(r, 401, "unauthorized").await;
+
+    let mut redis = RedisServer::start_at(redis_addr, &[]);
+    let key = enterprise(dir.path(), &config, &url, 1000);
+    gateway.wait_keys(1);
+    assert_eq!(get(&gateway, &key).await.status(), 200);
+    assert_error(get(&gateway, &stranger).await, 401, "unauthorized").await;
+    assert_eq!(readyz(&gateway).await.0, 200);
+
+    gateway.proc.terminate();
+    redis.kill();
+    let again = start();
+    assert_eq!(readyz(&again).await.0, 200, "ready from the local copy");
+    assert_eq!(get(&again, &key).await.status(), 200);
 }
