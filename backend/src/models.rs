@@ -178,14 +178,31 @@ impl<'de> serde::de::Visitor<'de> for BodyVisitor {
     }
 }
 
+/// How many unknown fields a refusal names; more are counted.
+const UNKNOWN_FIELDS_NAMED: usize = 5;
+
 fn validate_new_pet(object: &Map<String, Value>) -> Result<NewPet, ApiError> {
-    if let Some(unknown) = object
+    let unknown: Vec<&String> = object
         .keys()
-        .find(|k| !matches!(k.as_str(), "name" | "categoryId" | "status"))
-    {
+        .filter(|k| !matches!(k.as_str(), "name" | "categoryId" | "status"))
+        .collect();
+    if !unknown.is_empty() {
+        // Every one of them, so that a client fixes its body once, not once per field.
+        let mut named: Vec<String> = unknown
+            .iter()
+            .take(UNKNOWN_FIELDS_NAMED)
+            .map(|k| format!("`{}`", truncate_for_message(k)))
+            .collect();
+        if unknown.len() > UNKNOWN_FIELDS_NAMED {
+            named.push(format!("{} more", unknown.len() - UNKNOWN_FIELDS_NAMED));
+        }
+        let last = named.pop().expect("one unknown field at least");
+        let list = match named.is_empty() {
+            true => format!("field {last}"),
+            false => format!("fields {} and {last}", named.join(", ")),
+        };
         return Err(ApiError::validation(format!(
-            "unknown field `{}`; allowed fields are name, categoryId and status",
-            truncate_for_message(unknown)
+            "unknown {list}; allowed fields are name, categoryId and status"
         )));
     }
     let name = match object.get("name") {

@@ -86,6 +86,24 @@ fn create_validation_table() {
 }
 
 #[test]
+fn every_unknown_field_is_named_in_one_refusal() {
+    let message = |body: &str| parse_new_pet(body.as_bytes()).unwrap_err().message;
+    let allowed = "allowed fields are name, categoryId and status";
+    assert_eq!(
+        message(r#"{"name":"Rex","categoryId":1,"species":"dog"}"#),
+        format!("unknown field `species`; {allowed}")
+    );
+    assert_eq!(
+        message(r#"{"name":"Rex","species":"dog","extra":1}"#),
+        format!("unknown fields `extra` and `species`; {allowed}")
+    );
+    assert_eq!(
+        message(r#"{"a":1,"b":1,"c":1,"d":1,"e":1,"f":1,"g":1,"name":"Rex"}"#),
+        format!("unknown fields `a`, `b`, `c`, `d`, `e` and 2 more; {allowed}")
+    );
+}
+
+#[test]
 fn name_length_counts_characters_not_bytes() {
     let ok = format!(r#"{{"name":"{}","categoryId":1}}"#, "é".repeat(100));
     assert!(parse_new_pet(ok.as_bytes()).is_ok());
