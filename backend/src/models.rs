@@ -197,9 +197,10 @@ fn validate_new_pet(object: &Map<String, Value>) -> Result<NewPet, ApiError> {
             named.push(format!("{} more", unknown.len() - UNKNOWN_FIELDS_NAMED));
         }
         let last = named.pop().expect("one unknown field at least");
-        let list = match named.is_empty() {
-            true => format!("field {last}"),
-            false => format!("fields {} and {last}", named.join(", ")),
+        let list = if named.is_empty() {
+            format!("field {last}")
+        } else {
+            format!("fields {} and {last}", named.join(", "))
         };
         return Err(ApiError::validation(format!(
             "unknown {list}; allowed fields are name, categoryId and status"

@@ -1,6 +1,6 @@
 //! The admin listener: `/metrics` (Prometheus text), `/healthz` (the process runs) and
-//! `/readyz` (not shutting down, keys loaded, and every route has a healthy instance). Never on the public
-//! port.
+//! `/readyz` (not shutting down, keys loaded, and every route has a healthy instance). Never on
+//! the public port.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
