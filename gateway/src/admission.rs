@@ -140,12 +140,8 @@ impl Gateway {
         key: &Arc<ActiveKey>,
     ) -> Result<()> {
         let Ok(standing) = self.limits.peek(key.counters, key.limits, ctx.now_ms).await else {
-            let unavailable = GatewayError::new(
-                ErrorCode::Unavailable,
-                "the shared limit store cannot be reached; retry shortly",
-            )
-            .retry_after(Some(1));
-            return respond(session, ctx, unavailable).await;
+            ctx.rate = Some(undecided(key, ctx.now_ms));
+            return respond(session, ctx, limit_store_unavailable()).await;
         };
         ctx.rate = Some(RateHeaders::for_quota(
             &standing.headline(key.limits),
@@ -177,6 +173,7 @@ impl Gateway {
             Err(AuthFailure::UnknownKey) if !loaded => {
                 // No keys were ever read (Redis away since the start, no local copy): the key
                 // may well be valid, so it is neither refused as invalid nor counted as a failure.
+                ctx.rate = Some(self.address_rate(self.failures.peek(ip, ctx.now_ms)));
                 return Err(GatewayError::new(
                     ErrorCode::Unavailable,
                     "the key store has not been loaded yet; retry shortly",
@@ -220,11 +217,8 @@ impl Gateway {
             metrics::REFUSALS
                 .with_label_values(&[plan, "unavailable"])
                 .inc();
-            return Err(GatewayError::new(
-                ErrorCode::Unavailable,
-                "the shared limit store cannot be reached; retry shortly",
-            )
-            .retry_after(Some(1)));
+            ctx.rate = Some(undecided(key, ctx.now_ms));
+            return Err(limit_store_unavailable());
         };
         ctx.rate = Some(RateHeaders::for_key(&decision, &key.policy));
         if decision.ban_imposed {
@@ -369,3 +363,24 @@ pub(crate) fn declared_length(request: &RequestHeader) -> Option<u64> {
     let value = request.headers.get(http::header::CONTENT_LENGTH)?;
     value.to_str().ok()?.parse().ok()
 }
+
+/// The refusal of a request no limit store can decide (Redis away with `fallback = "deny"`).
+fn limit_store_unavailable() -> GatewayError {
+    GatewayError::new(
+        ErrorCode::Unavailable,
+        "the shared limit store cannot be reached; retry shortly",
+    )
+    .retry_after(Some(LIMIT_STORE_RETRY_SECONDS))
+}
+
+/// What the refusal's headers say of `key`'s limits: nothing left until the retry it asks for.
+fn undecided(key: &ActiveKey, now_ms: u64) -> RateHeaders {
+    RateHeaders::while_undecided(
+        key.limits,
+        &key.policy,
+        now_ms + LIMIT_STORE_RETRY_SECONDS * 1000,
+    )
+}
+
+/// How long a client is asked to wait when no limit store can decide its request.
+const LIMIT_STORE_RETRY_SECONDS: u64 = 1;

@@ -44,6 +44,18 @@ impl RateHeaders {
         }
     }
 
+    /// For a key whose request no store can decide (Redis away with `fallback = "deny"`): its
+    /// minute window, with nothing left until the retry the refusal asks for, as while banned.
+    pub fn while_undecided(limits: Limits, policy: &HeaderValue, retry_ms: u64) -> RateHeaders {
+        RateHeaders {
+            name: "minute",
+            limit: limits.per_minute,
+            remaining: 0,
+            reset_ms: retry_ms,
+            policy: policy.clone(),
+        }
+    }
+
     /// For an unauthenticated request: the client address's failed-authentication budget.
     pub fn for_address(budget: &Budget, policy: &HeaderValue) -> RateHeaders {
         RateHeaders {

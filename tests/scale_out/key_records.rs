@@ -186,9 +186,12 @@ async fn a_gateway_that_never_read_its_keys_is_unready_and_calls_no_key_invalid(
     assert!(body.contains(r#""key_store":"not loaded""#), "{body}");
     let stranger = format!("as_{}_{}", "0".repeat(16), "1".repeat(64));
     for _ in 0..70 {
-        // More than the 60 failures a minute an address may have: none is counted.
+        // More than the 60 failures a minute an address may have: none is counted, as the
+        // address's budget in the headers says.
         let r = get(&gateway, &stranger).await;
         assert_eq!(r.headers()["retry-after"], "1");
+        assert_eq!(r.headers()["x-ratelimit-limit"], "60");
+        assert_eq!(r.headers()["x-ratelimit-remaining"], "60");
         let body = assert_error(r, 503, "unavailable").await;
         assert!(
             body["message"].as_str().unwrap().contains("key store"),

@@ -139,6 +139,19 @@ async fn a_gateway_started_without_redis_runs_and_deny_answers_503() {
         .await
         .unwrap();
     assert_eq!(r.headers()["retry-after"], "1");
+    // The key's minute window, with nothing left until that retry, as every response says.
+    assert_eq!(r.headers()["x-ratelimit-limit"], "1000");
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "0");
+    let reset: u64 = r.headers()["x-ratelimit-reset"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!((now..=now + 2).contains(&reset), "reset {reset}, now {now}");
     assert_error(r, 503, "unavailable").await;
     // The keys it knew stay known while Redis is away.
     tokio::time::sleep(Duration::from_secs(1)).await;
