@@ -19,7 +19,8 @@
 //! and no body, before any hook of the gateway runs. On HTTP/1 connections the stream knows
 //! whether the gateway has the request being served ([`ClientStream::expect_request`],
 //! [`ClientStream::mark_answering`]); a response that starts while it does not is pingora's own,
-//! and is replaced with the contract's JSON error ([`crate::errors::refusal_before_proxy`]).
+//! and is replaced with the contract's JSON error, with the rate-limit headers of the peer's
+//! failed-authentication budget ([`EarlyRefusals::answer`]).
 //!
 //! The same gathering lets the gateway take a response back. pingora writes a response's head
 //! before its body has arrived, and leaves a head with `Content-Length` unflushed; an upstream that
@@ -34,6 +35,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
+use std::net::{IpAddr, Ipv4Addr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -50,7 +52,7 @@ use pingora::protocols::{
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use crate::errors;
+use crate::errors::EarlyRefusals;
 use crate::pipeline::Heads;
 use crate::request_line;
 
@@ -85,6 +87,8 @@ pub struct ClientStream {
     holding: AtomicBool,
     /// How far the check of the request line being read has got ([`request_line::State`]).
     line: AtomicU8,
+    /// How pingora's own refusals are answered instead (on the public listener).
+    refusals: Option<Arc<EarlyRefusals>>,
 }
 
 /// The gateway's proxy has the request (and every connection it does not drive, e.g. HTTP/2).
@@ -99,8 +103,9 @@ const RETRACTED: u8 = 3;
 
 impl ClientStream {
     /// Buffers the writes to `inner`, whose own write buffer should be off; over HTTP/1 (no
-    /// ALPN, or `http/1.1`), cuts its reads at request heads.
-    pub fn wrap(inner: Stream) -> Stream {
+    /// ALPN, or `http/1.1`), cuts its reads at request heads, and answers pingora's own refusals
+    /// with `refusals`.
+    pub fn wrap(inner: Stream, refusals: Option<Arc<EarlyRefusals>>) -> Stream {
         let http1 = matches!(inner.selected_alpn_proto(), None | Some(ALPN::H1));
         Box::new(ClientStream {
             inner,
@@ -112,6 +117,7 @@ impl ClientStream {
             retraction: ArcSwapOption::empty(),
             holding: AtomicBool::new(false),
             line: AtomicU8::new(request_line::VALID),
+            refusals,
         })
     }
 
@@ -197,7 +203,13 @@ impl ClientStream {
                 .get(9..12)
                 .filter(|_| data.starts_with(b"HTTP/1."))
                 .and_then(|digits| std::str::from_utf8(digits).ok()?.parse().ok());
-            match status.and_then(errors::refusal_before_proxy) {
+            let peer = self
+                .inner
+                .get_socket_digest()
+                .and_then(|d| Some(d.peer_addr()?.as_inet()?.ip()))
+                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+            let refusal = self.refusals.as_ref().zip(status);
+            match refusal.and_then(|(refusals, status)| refusals.answer(status, peer)) {
                 Some(response) => {
                     self.buf = response;
                     *state = REPLACED;

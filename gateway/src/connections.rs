@@ -35,6 +35,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use crate::client_stream::ClientStream;
+use crate::errors::EarlyRefusals;
 use crate::metrics;
 use crate::settings::Settings;
 
@@ -85,6 +86,8 @@ pub struct Connections<A> {
     app: Arc<A>,
     live: Arc<ArcSwap<Settings>>,
     port: Port,
+    /// On the public port, how pingora's own refusals are answered instead.
+    refusals: Option<Arc<EarlyRefusals>>,
 }
 
 impl<A> Connections<A> {
@@ -94,7 +97,15 @@ impl<A> Connections<A> {
             app: Arc::new(app),
             live,
             port,
+            refusals: None,
         }
+    }
+
+    /// The same, answering the requests pingora refuses before `app` sees them with
+    /// `refusals` (on the public port).
+    pub fn with_refusals(mut self, refusals: Arc<EarlyRefusals>) -> Connections<A> {
+        self.refusals = Some(refusals);
+        self
     }
 
     /// The proxy, to configure before the service starts.
@@ -197,7 +208,7 @@ where
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         // The listeners leave writes unbuffered; responses are gathered here instead.
-        let stream = ClientStream::wrap(stream);
+        let stream = ClientStream::wrap(stream, self.refusals.clone());
         // pingora's task for a connection is sized for a TLS handshake (about 8 KB) and lives as
         // long as the connection; a task of our own holds the connection in a few hundred bytes.
         if matches!(stream.selected_alpn_proto(), None | Some(ALPN::H1)) {

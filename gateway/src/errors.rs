@@ -1,17 +1,24 @@
 //! The gateway's own answers: one error type and the one helper that writes it, with the
 //! contract's JSON body and every header a response of the public listener must carry.
 
+use std::net::IpAddr;
+use std::sync::Arc;
+
 use animal_store_contract::{ErrorBody, ErrorCode, JSON_CONTENT_TYPE};
+use arc_swap::ArcSwap;
 use bytes::Bytes;
+use http::HeaderValue;
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::date::get_cached_date;
 use pingora::{Error, ErrorSource, ErrorType};
 use pingora_proxy::Session;
 
+use crate::auth::FailureBudget;
 use crate::client_stream::ClientStream;
 use crate::context::Ctx;
-use crate::request_id::RequestId;
-use crate::{headers, metrics};
+use crate::rate_headers::RateHeaders;
+use crate::settings::Settings;
+use crate::{headers, metrics, unix_ms};
 
 /// An answer the gateway gives itself instead of (or after failing at) forwarding.
 #[derive(Debug, Clone)]
@@ -222,6 +229,16 @@ pub async fn retract(session: &mut Session, ctx: &mut Ctx, error: GatewayError) 
 
 /// `error`'s whole HTTP/1.1 response, as [`respond`] would have sent it, and `Connection: close`.
 fn retraction(session: &Session, ctx: &mut Ctx, error: GatewayError) -> pingora::Result<Vec<u8>> {
+    closing_wire(
+        ctx,
+        error,
+        session.req_header().method == http::Method::HEAD,
+    )
+}
+
+/// `error`'s whole HTTP/1.1 response with every header of the public listener's from `ctx`,
+/// `Connection: close`, and its body unless `head_only`.
+fn closing_wire(ctx: &mut Ctx, error: GatewayError, head_only: bool) -> pingora::Result<Vec<u8>> {
     let (mut response, body) = error_response(ctx, error)?;
     complete(&mut response, ctx, false, JSON_CONTENT_TYPE, &body)?;
     response.insert_header(http::header::DATE, get_cached_date())?;
@@ -234,7 +251,7 @@ fn retraction(session: &Session, ctx: &mut Ctx, error: GatewayError) -> pingora:
     wire.extend_from_slice(b"\r\n");
     response.header_to_h1_wire(&mut wire);
     wire.extend_from_slice(b"\r\n");
-    if session.req_header().method != http::Method::HEAD {
+    if !head_only {
         wire.extend_from_slice(&body);
     }
     Ok(wire)
@@ -249,47 +266,69 @@ pub fn unparsable() -> GatewayError {
     )
 }
 
-/// The whole HTTP/1.1 response that replaces pingora's bare answer to a request it refused
-/// before the gateway saw it (see [`crate::client_stream`]): for pingora's `400`, a request that
-/// is not valid HTTP/1.1, `400 invalid_request`; for its `405`, a `CONNECT`, `405
-/// method_not_allowed` with an empty `Allow` (an authority has no methods). Any other status is
-/// not one of those answers: `None`. The connection closes after it, as pingora's did, and the
-/// response is counted in `gateway_responses_total` (route `none`).
-pub fn refusal_before_proxy(status: u16) -> Option<Vec<u8>> {
-    let (error, allow) = match status {
-        400 => (unparsable(), ""),
-        405 => (
-            GatewayError::new(
+/// What the public listener's connections need to answer a request pingora refused before the
+/// gateway saw it (see [`crate::client_stream`]) as the gateway answers every request there: the
+/// configuration in force, and the client address's failed-authentication budget, which its
+/// rate-limit headers describe (as for every request without a valid key).
+pub struct EarlyRefusals {
+    live: Arc<ArcSwap<Settings>>,
+    failures: Arc<FailureBudget>,
+    address_policy: HeaderValue,
+}
+
+impl std::fmt::Debug for EarlyRefusals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EarlyRefusals").finish_non_exhaustive()
+    }
+}
+
+impl EarlyRefusals {
+    /// Refusals with the configuration in `live`, describing the budgets of `failures`.
+    pub(crate) fn new(
+        live: Arc<ArcSwap<Settings>>,
+        failures: Arc<FailureBudget>,
+        address_policy: HeaderValue,
+    ) -> EarlyRefusals {
+        EarlyRefusals {
+            live,
+            failures,
+            address_policy,
+        }
+    }
+
+    /// The whole HTTP/1.1 response that replaces pingora's bare answer to a request from `peer`
+    /// (the TCP peer) it refused: for pingora's `400`, a request that is not valid HTTP/1.1,
+    /// `400 invalid_request`; for its `405`, a `CONNECT`, `405 method_not_allowed` with an empty
+    /// `Allow` (an authority has no methods). Any other status is not one of those answers:
+    /// `None`. The connection closes after it, as pingora's did, and the response is counted in
+    /// `gateway_responses_total` (route `none`). Nothing of the request can be believed, its
+    /// `X-Forwarded-For` included: the client is the peer, unless the peer is a trusted proxy.
+    pub fn answer(&self, status: u16, peer: IpAddr) -> Option<Vec<u8>> {
+        let error = match status {
+            400 => unparsable(),
+            405 => GatewayError::new(
                 ErrorCode::MethodNotAllowed,
                 "CONNECT is not supported: the gateway is not a forward proxy",
-            ),
-            "Allow: \r\n",
-        ),
-        _ => return None,
-    };
-    metrics::RESPONSES
-        .with_label_values(&[
-            "none",
-            "other",
-            metrics::status_label(status),
-            error.code.as_str(),
-        ])
-        .inc();
-    let body = error.body();
-    let reason = http::StatusCode::from_u16(status)
-        .ok()
-        .and_then(|s| s.canonical_reason())
-        .unwrap_or_default();
-    let date = get_cached_date();
-    let mut response = format!(
-        "HTTP/1.1 {status} {reason}\r\n{allow}Content-Type: {JSON_CONTENT_TYPE}\r\n\
-         Content-Length: {}\r\nX-Request-Id: {}\r\nDate: ",
-        body.len(),
-        RequestId::next(),
-    )
-    .into_bytes();
-    response.extend_from_slice(date.as_bytes());
-    response.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
-    response.extend_from_slice(&body);
-    Some(response)
+            )
+            .allow(""),
+            _ => return None,
+        };
+        metrics::RESPONSES
+            .with_label_values(&[
+                "none",
+                "other",
+                metrics::status_label(status),
+                error.code.as_str(),
+            ])
+            .inc();
+        let mut ctx = Ctx::new(self.live.load_full());
+        ctx.now_ms = unix_ms();
+        ctx.client = ctx
+            .settings
+            .trusted_proxies
+            .client(peer, std::iter::empty());
+        let budget = self.failures.peek(ctx.client, ctx.now_ms);
+        ctx.rate = Some(RateHeaders::for_address(&budget, &self.address_policy));
+        closing_wire(&mut ctx, error, false).ok()
+    }
 }

@@ -189,14 +189,14 @@ pub fn run(
     let settings = Arc::new(settings);
     let live = Arc::new(ArcSwap::new(settings.clone()));
 
+    let gateway = proxy::Gateway::new(live.clone(), keyring.clone(), limits.clone());
+    let refusals = gateway.early_refusals();
     let mut connections = Connections::new(
-        pingora_proxy::http_proxy(
-            &server.configuration,
-            proxy::Gateway::new(live.clone(), keyring.clone(), limits.clone()),
-        ),
+        pingora_proxy::http_proxy(&server.configuration, gateway),
         live.clone(),
         Port::Public,
-    );
+    )
+    .with_refusals(refusals);
     if let Some(app) = connections.app_mut() {
         let mut options = pingora::apps::HttpServerOptions::default();
         options.h2_idle_timeout = Some(settings.keepalive_timeout);

@@ -54,7 +54,7 @@ use crate::auth::FailureBudget;
 use crate::client_stream::ClientStream;
 use crate::context::Ctx;
 use crate::cors::CorsPolicy;
-use crate::errors::{GatewayError, respond, retract};
+use crate::errors::{EarlyRefusals, GatewayError, respond, retract};
 use crate::headers::{self, Piece, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID};
 use crate::keyring::Keyring;
 use crate::lingering;
@@ -96,7 +96,7 @@ pub struct Gateway {
     live: Arc<ArcSwap<Settings>>,
     pub(crate) keys: Arc<Keyring>,
     pub(crate) limits: Arc<LimitStore>,
-    pub(crate) failures: FailureBudget,
+    pub(crate) failures: Arc<FailureBudget>,
     pub(crate) address_policy: HeaderValue,
 }
 
@@ -111,11 +111,21 @@ impl Gateway {
         let settings = live.load_full();
         Gateway {
             limits,
-            failures: FailureBudget::new(settings.auth_failures_per_minute),
+            failures: Arc::new(FailureBudget::new(settings.auth_failures_per_minute)),
             address_policy: rate_headers::address_policy(settings.auth_failures_per_minute),
             live,
             keys,
         }
+    }
+
+    /// What the public listener's connections answer the requests pingora refuses before this
+    /// proxy sees them with: the same configuration and failed-authentication budgets.
+    pub fn early_refusals(&self) -> Arc<EarlyRefusals> {
+        Arc::new(EarlyRefusals::new(
+            self.live.clone(),
+            self.failures.clone(),
+            self.address_policy.clone(),
+        ))
     }
 }
 

@@ -8,6 +8,7 @@ mod bodies;
 mod connections;
 mod forwarding;
 mod listeners;
+mod parser_refusals;
 mod refusals;
 mod routing;
 

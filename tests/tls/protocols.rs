@@ -212,7 +212,7 @@ async fn head_gets_the_head_of_get_and_no_body_over_every_protocol() {
 }
 
 /// An unparsable request, or one whose target has a space, gets the contract's JSON 400 over
-/// HTTPS as over plain HTTP.
+/// HTTPS as over plain HTTP, with the rate-limit headers of the address's budget.
 #[tokio::test]
 async fn an_unparsable_request_over_https_gets_the_contract_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -228,6 +228,8 @@ async fn an_unparsable_request_over_https_gets_the_contract_error() {
         let (head, body) = answer.split_once("\r\n\r\n").unwrap();
         assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
         assert!(head.contains("Content-Type: application/json"), "{head}");
+        assert!(head.contains("\r\nX-RateLimit-Remaining: "), "{head}");
+        assert!(head.contains("\r\nRateLimit: \"failed-auth\";"), "{head}");
         let error: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(error["code"], "invalid_request");
     }

@@ -18,6 +18,7 @@ fn buffered() -> (ClientStream, DuplexStream) {
         retraction: ArcSwapOption::empty(),
         holding: AtomicBool::new(false),
         line: AtomicU8::new(request_line::VALID),
+        refusals: None,
     };
     (stream, theirs)
 }
@@ -134,9 +135,23 @@ async fn a_large_write_goes_straight_through_after_what_was_gathered() {
     assert_eq!(&got[4 + body.len()..], b"tail");
 }
 
+/// Refusals as the public listener's, with a budget of 60 failed authentications a minute.
+fn refusals() -> Arc<EarlyRefusals> {
+    let config: crate::config::GatewayConfig = toml::from_str("").unwrap();
+    let settings = crate::settings::Settings::new(&config, "127.0.0.1:8081".parse().unwrap());
+    let live = Arc::new(arc_swap::ArcSwap::from_pointee(settings.unwrap()));
+    let failures = Arc::new(crate::auth::FailureBudget::new(60));
+    Arc::new(EarlyRefusals::new(
+        live,
+        failures,
+        crate::rate_headers::address_policy(60),
+    ))
+}
+
 #[tokio::test]
 async fn pingora_refusals_are_replaced_until_the_proxy_has_the_request() {
     let (mut stream, mut peer) = buffered();
+    stream.refusals = Some(refusals());
     *stream.answering.get_mut() = PINGORA;
     stream
         .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
@@ -145,6 +160,9 @@ async fn pingora_refusals_are_replaced_until_the_proxy_has_the_request() {
     stream.flush().await.unwrap();
     let got = String::from_utf8(received(&mut peer).await).unwrap();
     assert!(got.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{got}");
+    assert!(got.contains("\r\nX-RateLimit-Limit: 60\r\n"), "{got}");
+    assert!(got.contains("\r\nX-RateLimit-Remaining: 60\r\n"), "{got}");
+    assert!(got.contains("\r\nConnection: close\r\n"), "{got}");
     assert!(got.ends_with(r#""code":"invalid_request","message":"the request is not valid HTTP/1.1: its request line or a header cannot be parsed, its Host is given twice or differs from the host in its target, or its headers are too large","status":400}"#), "{got}");
 
     // Once the proxy has the request, its 400 is its own.
