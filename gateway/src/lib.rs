@@ -19,6 +19,7 @@ pub mod context;
 pub mod cors;
 pub mod deprecation;
 pub mod errors;
+pub mod fail_to_proxy;
 pub mod headers;
 pub mod key_index;
 pub mod key_set;

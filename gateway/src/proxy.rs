@@ -1,8 +1,9 @@
 //! The proxy: orchestrates pingora's phases; every decision is made by the modules it calls
 //! ([`crate::admission`] for all of `request_filter`'s, [`crate::retries`] for which failed
-//! attempts are tried again, [`crate::outcome`] for what `logging` records), and the request's
-//! state is a [`Ctx`]. Before the first phase, and between requests of a connection,
-//! [`crate::connections`] holds the client connection and times it.
+//! attempts are tried again, [`crate::fail_to_proxy`] for what a failure is answered with,
+//! [`crate::outcome`] for what `logging` records), and the request's state is a [`Ctx`]. Before
+//! the first phase, and between requests of a connection, [`crate::connections`] holds the
+//! client connection and times it.
 //!
 //! ```text
 //! new_ctx                 the configuration in force, for the whole request
@@ -38,7 +39,6 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use animal_store_contract::ErrorCode;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -46,7 +46,7 @@ use http::{HeaderValue, StatusCode};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::protocols::Digest;
-use pingora::{Error, ErrorSource, ErrorType, Result};
+use pingora::{Error, ErrorType, Result};
 use pingora_proxy::{FailToProxy, ProxyHttp, ProxyWarnLogContext, Session};
 
 use crate::admission::Admission;
@@ -54,7 +54,8 @@ use crate::auth::FailureBudget;
 use crate::client_stream::ClientStream;
 use crate::context::Ctx;
 use crate::cors::CorsPolicy;
-use crate::errors::{EarlyRefusals, GatewayError, respond, retract};
+use crate::errors::{EarlyRefusals, respond};
+use crate::fail_to_proxy;
 use crate::headers::{self, Piece, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID};
 use crate::keyring::Keyring;
 use crate::lingering;
@@ -72,17 +73,6 @@ use crate::unix_ms;
 /// before a typical upstream's own keep-alive timeout, so the gateway never writes into a
 /// connection the upstream has just closed.
 const UPSTREAM_IDLE: Duration = Duration::from_secs(30);
-
-/// Whether `e`, the upstream's silence past the route's timeout, came while the client had not
-/// sent the whole request body and no response had begun: the upstream was waiting for the
-/// client. pingora restarts that timeout with each piece of the body it forwards, so a body sent
-/// slowly but steadily is not this; one that stopped for the whole timeout is.
-fn body_stalled(session: &mut Session, e: &Error) -> bool {
-    e.etype == ErrorType::ReadTimedout
-        && e.esource == ErrorSource::Upstream
-        && final_response(session).is_none()
-        && !session.is_body_done()
-}
 
 /// The response written to the client, if any: an interim `100 Continue` is not one.
 pub(crate) fn final_response(session: &Session) -> Option<&ResponseHeader> {
@@ -353,61 +343,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        // A client's silence, not the upstream's: closed without an answer, as a slow request
-        // head is, rather than a 504 that blames the upstream.
-        if body_stalled(session, e) {
-            ctx.body_stalled = true;
-            metrics::CLIENT_TIMEOUTS.with_label_values(&["body"]).inc();
-            log::debug!("request {}: its body stopped arriving: {e}", ctx.request_id);
-            return FailToProxy {
-                error_code: 0,
-                can_reuse_downstream: false,
-            };
-        }
-        let answer = GatewayError::from_proxy_error(e, ctx.settings.max_body_bytes);
-        match &answer {
-            Some(error) if error.code == ErrorCode::InternalError => {
-                log::error!("request {}: {e}", ctx.request_id);
-            }
-            // The client's own mistake (a body over the limit, or one that does not parse): as
-            // every other refusal, counted and in the access log, not a warning.
-            Some(error)
-                if matches!(
-                    error.code,
-                    ErrorCode::PayloadTooLarge | ErrorCode::InvalidRequest
-                ) =>
-            {
-                log::debug!("request {}: {}: {e}", ctx.request_id, error.code.as_str())
-            }
-            Some(error) => log::warn!("request {}: {}: {e}", ctx.request_id, error.code.as_str()),
-            // Every load test ends with clients closing connections that have requests in
-            // flight; nothing went wrong here.
-            None => log::debug!("request {}: the client went away: {e}", ctx.request_id),
-        }
-        let mut code = 0;
-        if let Some(error) = answer {
-            let status = error.code.status();
-            if final_response(session).is_none() {
-                code = status;
-                // pingora will not reuse this connection; say so, or the client sends its next
-                // request into a closed socket.
-                session.set_keepalive(None);
-                match respond(session, ctx, error).await {
-                    Ok(()) => lingering::after_answer(session).await,
-                    Err(write_error) => log::debug!(
-                        "request {}: could not send the error: {write_error}",
-                        ctx.request_id
-                    ),
-                }
-            } else if retract(session, ctx, error).await {
-                // The upstream's response began but none of it reached the client.
-                code = status;
-            }
-        }
-        FailToProxy {
-            error_code: code,
-            can_reuse_downstream: false,
-        }
+        fail_to_proxy::answer(session, e, ctx).await
     }
 
     /// pingora's own line for a failed request would repeat, without the request id, what
