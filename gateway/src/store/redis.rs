@@ -11,8 +11,9 @@
 //! in the log, counts every request it decides alone in `/metrics`, and applies
 //! `gateway.redis.fallback`: `local` limits in this process with its share of each limit (the
 //! limit divided by the gateways it last saw alive), `allow` admits, `deny` refuses with 503.
-//! A heartbeat every half second announces this gateway (a sorted set of instances with their
-//! last beat), counts the live ones, and notices Redis's return; the store then goes back to it.
+//! A heartbeat every half second (`heartbeat.rs`) announces this gateway (a sorted set of
+//! instances with their last beat), counts the live ones, and notices Redis's return; the store
+//! then goes back to it.
 //!
 //! The fallback does not start every key afresh. Each answer from Redis says where the key
 //! stands (both windows and any ban); the fallback starts a key from the last of them, with
@@ -22,8 +23,8 @@
 //! at each gateway), however long it lasts. A key Redis never answered for starts with its
 //! share.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -37,19 +38,11 @@ use crate::keys::KeyId;
 use crate::limits::{DAY_MS, Decision, KeyState, Limiter, MINUTE_MS, Quota, Standing, Verdict};
 use crate::metrics;
 use crate::plans::Limits;
-use crate::redis_conn::{CONNECT_TIMEOUT, RedisConn, RedisError, RedisHub, within};
+use crate::redis_conn::{RedisConn, RedisError, RedisHub, within};
+use heartbeat::{gateways_alive, heartbeat_loop};
 
 /// The script, loaded once per Redis and then called by its hash (`EVALSHA`).
 const SCRIPT: &str = include_str!("limits.lua");
-/// Gateways announce themselves here: members are instance ids, scores their last beat.
-const GATEWAYS_KEY: &str = "as:gateways";
-/// How often a gateway beats (and, while Redis is away, tries it again).
-const HEARTBEAT: Duration = Duration::from_millis(500);
-/// A gateway silent for this long no longer counts as alive.
-const ALIVE_MS: u64 = 5_000;
-/// How often what Redis said of keys is swept of what no longer matters (every key used today
-/// matters until the day ends, so a sweep walks many: not every heartbeat).
-const SWEEP_HEARD: Duration = Duration::from_secs(60);
 /// Default of `gateway.redis.timeout_ms`: a loopback or same-zone round trip is well under a
 /// millisecond, so 50 ms means Redis is in trouble, and is small next to an upstream's latency.
 pub const DEFAULT_TIMEOUT_MS: u64 = 50;
@@ -303,102 +296,6 @@ impl RedisStore {
             );
         }
     }
-
-    /// Announces this gateway, counts the live ones, and marks Redis up when it answers.
-    async fn heartbeat(&self) -> Result<(), RedisError> {
-        let _beating = self.beating.lock().await;
-        if self.left.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let mut conn = within(CONNECT_TIMEOUT, self.hub.connect()).await?;
-        let now = crate::unix_ms();
-        let (_, _, alive): (i64, i64, u64) =
-            within(self.timeout.max(Duration::from_millis(500)), async {
-                Ok(redis::pipe()
-                    .zadd(GATEWAYS_KEY, &self.instance, now)
-                    .zrembyscore(GATEWAYS_KEY, "-inf", now.saturating_sub(ALIVE_MS))
-                    .zcard(GATEWAYS_KEY)
-                    .query_async(&mut conn)
-                    .await?)
-            })
-            .await?;
-        self.alive.store(alive.max(1), Ordering::Relaxed);
-        metrics::LIMIT_STORE_GATEWAYS.set(i64::try_from(alive.max(1)).unwrap_or(i64::MAX));
-        let failed = self.failed_key.load(Ordering::Relaxed);
-        if failed != 0 {
-            within(self.timeout.max(Duration::from_millis(500)), async {
-                let _: i64 = redis::cmd("EXISTS")
-                    .arg(state_key(KeyId(failed)))
-                    .query_async(&mut conn)
-                    .await?;
-                Ok(())
-            })
-            .await?;
-            let _ =
-                self.failed_key
-                    .compare_exchange(failed, 0, Ordering::Relaxed, Ordering::Relaxed);
-        }
-        if !self.up.swap(true, Ordering::AcqRel) {
-            metrics::LIMIT_STORE_UP.set(1);
-            log::info!(
-                "gateway: limits are shared through redis at {} ({})",
-                self.hub.describe(),
-                gateways_alive(alive)
-            );
-        }
-        Ok(())
-    }
-
-    /// Removes this gateway from the live set, so the others' shares grow at once. A heartbeat
-    /// in flight would put it back if its `ZADD` landed after the `ZREM`: leaving waits for it
-    /// (each of its commands has a timeout, so a Redis that stopped answering does not hold up
-    /// shutdown for long), and stops those to come.
-    pub fn leave(&self) {
-        self.left.store(true, Ordering::Release);
-        let Some(mut conn) = self.hub.conn() else {
-            return; // Redis never answered: this gateway is not in the set
-        };
-        self.hub.block_on(async {
-            let _beating = self.beating.lock().await;
-            let result: Result<(), RedisError> = within(self.timeout, async {
-                let _: i64 = redis::cmd("ZREM")
-                    .arg(GATEWAYS_KEY)
-                    .arg(&self.instance)
-                    .query_async(&mut conn)
-                    .await?;
-                Ok(())
-            })
-            .await;
-            if let Err(e) = result {
-                log::debug!("gateway: could not leave the live set: {e}");
-            }
-        });
-    }
-}
-
-async fn heartbeat_loop(store: Weak<RedisStore>) {
-    let mut tick = tokio::time::interval(HEARTBEAT);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_sweep = std::time::Instant::now();
-    loop {
-        tick.tick().await;
-        let Some(store) = store.upgrade() else { return };
-        if let Err(e) = store.heartbeat().await {
-            store.went_down(None, &e);
-        }
-        if last_sweep.elapsed() >= SWEEP_HEARD {
-            last_sweep = std::time::Instant::now();
-            store.forget_what_has_ended(crate::unix_ms());
-        }
-    }
-}
-
-/// "1 gateway alive", "3 gateways alive".
-fn gateways_alive(n: u64) -> String {
-    match n {
-        1 => "1 gateway alive".to_owned(),
-        n => format!("{n} gateways alive"),
-    }
 }
 
 impl Fallback {
@@ -425,6 +322,8 @@ fn unlimited(limits: Limits, now_ms: u64) -> Decision {
         ban_imposed: false,
     }
 }
+
+mod heartbeat;
 
 #[cfg(test)]
 mod tests {
