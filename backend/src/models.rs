@@ -352,9 +352,12 @@ fn parse_limit(value: &str) -> Result<u32, ApiError> {
 pub fn parse_pet_id(segment: &str) -> Result<i64, ApiError> {
     match segment.parse::<i64>() {
         Ok(id) if !segment.starts_with('+') => Ok(id),
-        _ => Err(ApiError::invalid_parameter(
-            "`petId` must be an integer (int64)",
-        )),
+        // Whether it is no integer or one beyond int64, the range says what would do.
+        _ => Err(ApiError::invalid_parameter(format!(
+            "`petId` must be an integer (int64), from {} to {}",
+            i64::MIN,
+            i64::MAX
+        ))),
     }
 }
 

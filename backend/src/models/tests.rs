@@ -192,3 +192,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_pet_id_is_a_decimal_int64_and_a_refusal_says_the_range() {
+    for (segment, id) in [
+        ("42", 42),
+        ("0", 0),
+        ("-7", -7),
+        ("9223372036854775807", i64::MAX),
+    ] {
+        assert_eq!(parse_pet_id(segment).unwrap(), id, "{segment}");
+    }
+    for segment in [
+        "abc",
+        "+1",
+        "1.0",
+        "",
+        "9223372036854775808",
+        "99999999999999999999",
+    ] {
+        let error = parse_pet_id(segment).unwrap_err();
+        assert_eq!(error.code, ErrorCode::InvalidParameter, "{segment}");
+        assert_eq!(
+            error.message,
+            "`petId` must be an integer (int64), from -9223372036854775808 to 9223372036854775807",
+            "{segment}"
+        );
+    }
+}
