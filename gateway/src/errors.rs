@@ -302,7 +302,7 @@ impl EarlyRefusals {
     /// `Allow` (an authority has no methods). Any other status is not one of those answers:
     /// `None`. The connection closes after it, as pingora's did, and the response is counted in
     /// `gateway_responses_total` (route `none`). Nothing of the request can be believed, its
-    /// `X-Forwarded-For` included: the client is the peer, unless the peer is a trusted proxy.
+    /// `X-Forwarded-For` included: its client is the peer, even a trusted proxy.
     pub fn answer(&self, status: u16, peer: IpAddr) -> Option<Vec<u8>> {
         let error = match status {
             400 => unparsable(),
@@ -323,10 +323,7 @@ impl EarlyRefusals {
             .inc();
         let mut ctx = Ctx::new(self.live.load_full());
         ctx.now_ms = unix_ms();
-        ctx.client = ctx
-            .settings
-            .trusted_proxies
-            .client(peer, std::iter::empty());
+        ctx.client = peer;
         let budget = self.failures.peek(ctx.client, ctx.now_ms);
         ctx.rate = Some(RateHeaders::for_address(&budget, &self.address_policy));
         closing_wire(&mut ctx, error, false).ok()
