@@ -213,9 +213,10 @@ async fn bad_keys(stack: &Stack, c: &reqwest::Client, xff: &str, n: usize) -> u1
 /// Behind a trusted load balancer each client has its own failed-auth budget; from anyone
 /// else `X-Forwarded-For` is not believed, so it cannot be used to dodge the budget. Upstream,
 /// the client address as the gateway judged it is appended to a trusted proxy's header, and
-/// replaces anyone else's.
+/// replaces anyone else's; the scheme a trusted proxy says the client used (`X-Forwarded-Proto`,
+/// a load balancer that ended TLS) is kept, anyone else's replaced by the connection's own.
 #[tokio::test]
-async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
+async fn forwarded_headers_are_believed_only_from_trusted_proxies() {
     let c = client();
     // Trusted: the loopback peer is the load balancer.
     let dir = tempfile::tempdir().unwrap();
@@ -243,6 +244,7 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
         .get(stack.url("/v1/echo/x"))
         .bearer_auth(&key)
         .header("X-Forwarded-For", "198.51.100.8")
+        .header("X-Forwarded-Proto", "https")
         .send()
         .await
         .unwrap();
@@ -250,6 +252,10 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
     assert_eq!(
         echo["headers"]["x-forwarded-for"], "198.51.100.8, 198.51.100.8",
         "the client, appended"
+    );
+    assert_eq!(
+        echo["headers"]["x-forwarded-proto"], "https",
+        "the scheme the load balancer says the client used"
     );
     stack.proc.wait_log(r#""client":"198.51.100.8""#); // the access log names the client
 
@@ -279,6 +285,7 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
         .get(stack.url("/v1/echo/x"))
         .bearer_auth(&key)
         .header("X-Forwarded-For", "1.2.3.4")
+        .header("X-Forwarded-Proto", "https")
         .send()
         .await
         .unwrap();
@@ -286,6 +293,10 @@ async fn x_forwarded_for_is_believed_only_from_trusted_proxies() {
     assert_eq!(
         echo["headers"]["x-forwarded-for"], "127.0.0.1",
         "the peer is the client, alone"
+    );
+    assert_eq!(
+        echo["headers"]["x-forwarded-proto"], "http",
+        "the connection's scheme, not the client's word"
     );
 }
 

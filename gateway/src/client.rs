@@ -1,4 +1,4 @@
-//! The client's address, behind load balancers too (`gateway.trusted_proxies`).
+//! The client's address and scheme, behind load balancers too (`gateway.trusted_proxies`).
 //!
 //! The address is the TCP peer's, unless the peer is a trusted proxy: then it is the rightmost
 //! `X-Forwarded-For` entry that is not itself trusted (entries to its right were added by
@@ -12,6 +12,12 @@
 //! is the client as the gateway judged it. From any other peer the header it sent is dropped and
 //! the upstream gets the peer's address alone (as Caddy and Traefik do): an upstream that reads
 //! the leftmost entry, as many do, is not fooled by a chain the client wrote.
+//!
+//! `X-Forwarded-Proto` tells the upstream the scheme the client used (`http` or `https`), for
+//! the redirects, absolute links and secure cookies it makes. It is the scheme of the
+//! connection the request came on, unless the peer is a trusted proxy that said `http` or
+//! `https` itself (a load balancer that ended the client's TLS): then it is the proxy's. A
+//! client's own is never believed, as Envoy does.
 
 use std::net::IpAddr;
 
@@ -19,7 +25,7 @@ use bytes::BufMut;
 use http::HeaderValue;
 use ipnet::IpNet;
 
-/// The proxies whose `X-Forwarded-For` is believed.
+/// The proxies whose `X-Forwarded-For` and `X-Forwarded-Proto` are believed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustedProxies(Vec<IpNet>);
 
@@ -75,6 +81,22 @@ impl TrustedProxies {
             .filter(|r| r.to_str().is_ok_and(|r| !r.trim().is_empty()) && self.trusts(peer))
             .cloned();
         Forwarded { earlier, client }
+    }
+
+    /// The `X-Forwarded-Proto` to send upstream for a request from `peer` that came over TLS
+    /// or not: what was `received`, if `peer` is trusted and it is `http` or `https` (any
+    /// case; of a list, its first entry, the hop nearest the client), else the connection's.
+    pub fn scheme(&self, peer: IpAddr, tls: bool, received: Option<&HeaderValue>) -> &'static str {
+        let said = received
+            .filter(|_| self.trusts(peer))
+            .and_then(|value| value.as_bytes().split(|&b| b == b',').next())
+            .map(<[u8]>::trim_ascii);
+        match said {
+            Some(said) if said.eq_ignore_ascii_case(b"https") => "https",
+            Some(said) if said.eq_ignore_ascii_case(b"http") => "http",
+            _ if tls => "https",
+            _ => "http",
+        }
     }
 }
 
@@ -174,6 +196,40 @@ mod tests {
         );
         assert_eq!(lb.client(ip("10.1.2.3"), xff("unknown")), ip("10.1.2.3"));
         assert_eq!(lb.client(ip("10.1.2.3"), xff("10.0.0.9")), ip("10.1.2.3"));
+    }
+
+    #[test]
+    fn the_scheme_upstream_is_the_connections_unless_a_trusted_proxy_said_it() {
+        let lb = trusted(&["10.0.0.0/8"]);
+        let scheme = |peer, tls, received: Option<&'static str>| {
+            lb.scheme(
+                ip(peer),
+                tls,
+                received.map(HeaderValue::from_static).as_ref(),
+            )
+        };
+        // The connection's own.
+        assert_eq!(scheme("10.0.0.1", false, None), "http");
+        assert_eq!(scheme("10.0.0.1", true, None), "https");
+        // A trusted proxy's, whatever the connection from it.
+        assert_eq!(scheme("10.0.0.1", false, Some("https")), "https");
+        assert_eq!(scheme("10.0.0.1", true, Some("http")), "http");
+        assert_eq!(scheme("10.0.0.1", false, Some(" HTTPS ")), "https");
+        assert_eq!(scheme("10.0.0.1", false, Some("https, http")), "https");
+        // Not a scheme: the connection's.
+        assert_eq!(scheme("10.0.0.1", false, Some("wss")), "http");
+        assert_eq!(scheme("10.0.0.1", true, Some("")), "https");
+        // A client's own is not believed.
+        assert_eq!(scheme("192.0.2.1", false, Some("https")), "http");
+        assert_eq!(scheme("192.0.2.1", true, Some("http")), "https");
+        assert_eq!(
+            TrustedProxies::default().scheme(
+                ip("127.0.0.1"),
+                false,
+                Some(&HeaderValue::from_static("https"))
+            ),
+            "http"
+        );
     }
 
     /// What `forward` writes.

@@ -103,7 +103,8 @@ pub struct GatewayConfig {
     pub access_log: AccessLog,
     /// How header names are written on HTTP/1.1: `preserve` or `lower`.
     pub header_case: HeaderCase,
-    /// Load balancers (CIDRs) whose `X-Forwarded-For` is believed; empty: none.
+    /// Load balancers (CIDRs) whose `X-Forwarded-For` and `X-Forwarded-Proto` are believed;
+    /// empty: none.
     pub trusted_proxies: Vec<String>,
     /// The address clients use for this API, e.g. `https://api.example.com`. When set, the links
     /// the gateway writes (a deprecation's documentation) are absolute on it; unset, they are

@@ -66,6 +66,8 @@ pub const RATELIMIT: Name = Name::new("RateLimit", "ratelimit");
 pub const X_REQUEST_ID: Name = Name::new("X-Request-Id", "x-request-id");
 /// The client's address, upstream (and behind trusted proxies, from them).
 pub const X_FORWARDED_FOR: Name = Name::new("X-Forwarded-For", "x-forwarded-for");
+/// The scheme the client used, upstream (see [`crate::client`]).
+pub const X_FORWARDED_PROTO: Name = Name::new("X-Forwarded-Proto", "x-forwarded-proto");
 /// The key's public id, upstream.
 pub const X_API_KEY_ID: Name = Name::new("X-Api-Key-Id", "x-api-key-id");
 /// The key's plan, upstream.
@@ -94,7 +96,13 @@ fn is_alias(name: &HeaderName) -> bool {
     if !name.contains(&b'_') {
         return false;
     }
-    let set_upstream = [&X_REQUEST_ID, &X_FORWARDED_FOR, &X_API_KEY_ID, &X_API_PLAN];
+    let set_upstream = [
+        &X_REQUEST_ID,
+        &X_FORWARDED_FOR,
+        &X_FORWARDED_PROTO,
+        &X_API_KEY_ID,
+        &X_API_PLAN,
+    ];
     set_upstream.iter().any(|own| {
         let own = own.parsed.as_str().as_bytes();
         own.len() == name.len()

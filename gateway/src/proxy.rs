@@ -25,6 +25,7 @@
 //!                         a head that met a reset → any request (nothing was sent)
 //! upstream_request_filter drop Authorization; add X-Request-Id, X-Forwarded-For (the
 //!                         client, after a trusted proxy's chain; alone from anyone else),
+//!                         X-Forwarded-Proto (the connection's scheme, or a trusted proxy's),
 //!                         X-Api-Key-Id, X-Api-Plan (the client's spellings of them with `_`
 //!                         were dropped in request_filter; pingora itself drops hop-by-hop
 //!                         headers and those the client's Connection header names)
@@ -56,7 +57,9 @@ use crate::context::Ctx;
 use crate::cors::CorsPolicy;
 use crate::errors::{EarlyRefusals, respond};
 use crate::fail_to_proxy;
-use crate::headers::{self, Piece, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_REQUEST_ID};
+use crate::headers::{
+    self, Piece, X_API_KEY_ID, X_API_PLAN, X_FORWARDED_FOR, X_FORWARDED_PROTO, X_REQUEST_ID,
+};
 use crate::keyring::Keyring;
 use crate::lingering;
 use crate::metrics;
@@ -273,15 +276,17 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        let (peer, trusted) = (peer_ip(session), &ctx.settings.trusted_proxies);
         let received = upstream.headers.get(&X_FORWARDED_FOR.parsed);
-        let forwarded =
-            ctx.settings
-                .trusted_proxies
-                .forward(peer_ip(session), ctx.client, received);
+        let forwarded = trusted.forward(peer, ctx.client, received);
+        let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        let received = upstream.headers.get(&X_FORWARDED_PROTO.parsed);
+        let scheme = trusted.scheme(peer, tls, received);
         upstream.remove_header(&http::header::AUTHORIZATION);
         headers::with_request_headers(upstream, ctx.settings.header_case, |headers| {
             headers.insert_pieces(&X_REQUEST_ID, &[Piece::Id(&ctx.request_id)], false);
             headers.insert_pieces(&X_FORWARDED_FOR, &[Piece::Forwarded(&forwarded)], false);
+            headers.insert_pieces(&X_FORWARDED_PROTO, &[Piece::Text(scheme)], false);
             if let Some(key) = &ctx.key {
                 headers.insert(&X_API_KEY_ID, key.id_header.clone());
                 headers.insert(&X_API_PLAN, key.plan.clone());

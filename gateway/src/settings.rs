@@ -71,7 +71,7 @@ pub struct Settings {
     pub access_log: AccessLog,
     /// How header names are written on HTTP/1.1.
     pub header_case: HeaderCase,
-    /// Whose `X-Forwarded-For` is believed.
+    /// Whose `X-Forwarded-For` and `X-Forwarded-Proto` are believed.
     pub trusted_proxies: TrustedProxies,
 }
 

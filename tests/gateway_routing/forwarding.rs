@@ -267,7 +267,7 @@ async fn a_response_the_upstream_breaks_off_before_the_client_has_any_is_an_erro
 /// documented; `lower` writes them all in lowercase, both ways, on proxied responses and the
 /// gateway's own. Values and the reason phrase are the same either way. Each of the gateway's
 /// headers is sent once, with its value: a client's or an upstream's of the same name, in any
-/// case, is dropped.
+/// case, is dropped (a client's `X-Forwarded-Proto: https` over plain HTTP among them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_case_is_preserved_or_lowercase_as_configured() {
     for case in ["preserve", "lower"] {
@@ -281,7 +281,7 @@ async fn header_case_is_preserved_or_lowercase_as_configured() {
         );
         let key = stack.key(&["--plan", "free"]);
         let request = format!(
-            "GET /v1/store/inventory HTTP/1.1\r\nHost: x\r\nX-Client-Thing: 1\r\nx-api-plan: enterprise\r\nX-Request-Id: from-the-client\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+            "GET /v1/store/inventory HTTP/1.1\r\nHost: x\r\nX-Client-Thing: 1\r\nx-api-plan: enterprise\r\nX-Request-Id: from-the-client\r\nX-Forwarded-Proto: https\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n"
         );
         let answer = raw_answer(stack.listen, &request);
         let head = heads.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -293,6 +293,7 @@ async fn header_case_is_preserved_or_lowercase_as_configured() {
                     "X-Api-Plan: free",
                     "X-Request-Id: ",
                     "X-Forwarded-For: 127.0.0.1",
+                    "X-Forwarded-Proto: http\r\n",
                 ],
                 [
                     "X-Upstream-Thing: Yes",
@@ -309,6 +310,7 @@ async fn header_case_is_preserved_or_lowercase_as_configured() {
                     "x-api-plan: free",
                     "x-request-id: ",
                     "x-forwarded-for: 127.0.0.1",
+                    "x-forwarded-proto: http\r\n",
                 ],
                 [
                     "x-upstream-thing: Yes",
@@ -333,6 +335,7 @@ async fn header_case_is_preserved_or_lowercase_as_configured() {
             "x-api-plan",
             "x-request-id",
             "x-forwarded-for",
+            "x-forwarded-proto",
             "x-api-key-id",
         ] {
             assert_eq!(

@@ -44,7 +44,7 @@ async fn ambiguous_paths_are_refused_before_any_decision() {
     );
     // Hop-by-hop headers, and those the client's Connection header names, stay on this hop.
     let request = format!(
-        "GET /v1/store/orders/6 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: timeout=5\r\nProxy-Authorization: Basic eA==\r\nX-End-To-End: kept\r\nX_Api_Key_Id: 0000000000000001\r\nX_Api_Plan: enterprise\r\nX_Forwarded-For: 192.0.2.1\r\nX-Request_Id: forged\r\nX_End_To_End: kept too\r\n\r\n"
+        "GET /v1/store/orders/6 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nConnection: close, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: timeout=5\r\nProxy-Authorization: Basic eA==\r\nX-End-To-End: kept\r\nX_Api_Key_Id: 0000000000000001\r\nX_Api_Plan: enterprise\r\nX_Forwarded-For: 192.0.2.1\r\nX-Request_Id: forged\r\nX_Forwarded_Proto: https\r\nX_End_To_End: kept too\r\n\r\n"
     );
     let (status, _, body) = raw_http(stack.listen, request.as_bytes());
     assert_eq!(status, 200);
@@ -87,11 +87,13 @@ async fn ambiguous_paths_are_refused_before_any_decision() {
         "x_api_key_id",
         "x_api_plan",
         "x_forwarded-for",
+        "x_forwarded_proto",
         "x-request_id",
     ] {
         assert!(seen.get(alias).is_none(), "{alias} was forwarded: {seen}");
     }
     assert_eq!(seen["x-api-key-id"], key_id(&key));
+    assert_eq!(seen["x-forwarded-proto"], "http", "{seen}");
     assert_eq!(seen["x_end_to_end"], "kept too");
 }
 

@@ -234,3 +234,50 @@ async fn an_unparsable_request_over_https_gets_the_contract_error() {
         assert_eq!(error["code"], "invalid_request");
     }
 }
+
+/// Upstream, `X-Forwarded-Proto` names the scheme the client used: `https` for a request that
+/// came over TLS, by HTTP/2 or HTTP/1.1, `http` for one over plain HTTP, whatever the client
+/// wrote in it (no proxy is trusted here).
+#[tokio::test]
+async fn upstreams_are_told_the_scheme_the_client_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf(dir.path(), "server", false);
+    let echo = common::TestUpstream::start(Duration::ZERO).await;
+    let config = Stack::config_with_text(
+        dir.path(),
+        &format!(
+            "{}\n[[gateway.routes]]\nprefix = \"/v1/echo\"\nupstream = \"{}\"\n",
+            common::PETS_ROUTE,
+            echo.addr
+        ),
+    );
+    let (stack, tls) = Stack::start_tls(dir.path(), &config, &cert, &key);
+    let api_key = stack.key(&["--plan", "pro"]);
+    let https = format!("https://localhost:{}/v1/echo/x", tls.port());
+    for (c, url, version, claimed, scheme) in [
+        (ca.client(false), &https, Version::HTTP_2, "http", "https"),
+        (ca.client(true), &https, Version::HTTP_11, "http", "https"),
+        (
+            client(),
+            &stack.url("/v1/echo/x"),
+            Version::HTTP_11,
+            "https",
+            "http",
+        ),
+    ] {
+        let r = c
+            .get(url.as_str())
+            .bearer_auth(&api_key)
+            .header("X-Forwarded-Proto", claimed)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!((r.status().as_u16(), r.version()), (200, version), "{url}");
+        let echo: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(
+            echo["headers"]["x-forwarded-proto"], scheme,
+            "{version:?} {url}"
+        );
+    }
+}
