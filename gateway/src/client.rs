@@ -85,11 +85,13 @@ impl TrustedProxies {
 
     /// The `X-Forwarded-Proto` to send upstream for a request from `peer` that came over TLS
     /// or not: what was `received`, if `peer` is trusted and it is `http` or `https` (any
-    /// case; of a list, its first entry, the hop nearest the client), else the connection's.
+    /// case), else the connection's. Of a list, the last entry: the one `peer` wrote (a proxy
+    /// that appends rather than sets leaves the client's own to its left, which proves
+    /// nothing).
     pub fn scheme(&self, peer: IpAddr, tls: bool, received: Option<&HeaderValue>) -> &'static str {
         let said = received
             .filter(|_| self.trusts(peer))
-            .and_then(|value| value.as_bytes().split(|&b| b == b',').next())
+            .and_then(|value| value.as_bytes().rsplit(|&b| b == b',').next())
             .map(<[u8]>::trim_ascii);
         match said {
             Some(said) if said.eq_ignore_ascii_case(b"https") => "https",
@@ -215,7 +217,9 @@ mod tests {
         assert_eq!(scheme("10.0.0.1", false, Some("https")), "https");
         assert_eq!(scheme("10.0.0.1", true, Some("http")), "http");
         assert_eq!(scheme("10.0.0.1", false, Some(" HTTPS ")), "https");
-        assert_eq!(scheme("10.0.0.1", false, Some("https, http")), "https");
+        // Of a list, what the trusted peer appended, not what its client wrote to its left.
+        assert_eq!(scheme("10.0.0.1", false, Some("https, http")), "http");
+        assert_eq!(scheme("10.0.0.1", false, Some("http,https")), "https");
         // Not a scheme: the connection's.
         assert_eq!(scheme("10.0.0.1", false, Some("wss")), "http");
         assert_eq!(scheme("10.0.0.1", true, Some("")), "https");
