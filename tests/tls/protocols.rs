@@ -1,6 +1,6 @@
 //! What HTTPS speaks: HTTP/2 and HTTP/1.1 answering as plain HTTP does, the post-quantum key
-//! exchange, large bodies on many HTTP/2 streams, `HEAD` over every protocol, and an unparsable
-//! request over HTTPS.
+//! exchange, large bodies on many HTTP/2 streams, `HEAD` over every protocol, an unparsable
+//! request over HTTPS, and the scheme upstreams are told (`X-Forwarded-Proto`).
 
 use super::*;
 
