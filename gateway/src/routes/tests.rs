@@ -1,5 +1,6 @@
 //! Unit tests of [`super`] (`routes.rs`).
 
+use super::path::check_segments;
 use super::*;
 use proptest::prelude::*;
 
