@@ -44,12 +44,16 @@ fn default_data_dir() -> PathBuf {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {error}")]
+    #[error("cannot read {path}: {error}{hint}")]
     Read {
         /// The file.
         path: PathBuf,
         /// Why: part of the message, not a source, so that it is printed once.
         error: std::io::Error,
+        /// For a relative path that is not there, the directory it was read from and how to
+        /// name another file: the default, `config/animal-store.toml`, is found only from the
+        /// directory that holds `config/` (such as the repository). Empty otherwise.
+        hint: String,
     },
     /// The file is not valid TOML or does not fit the schema; the message names line and column.
     #[error("{path}: {message}")]
@@ -65,12 +69,25 @@ pub enum ConfigError {
 pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
         path: path.to_owned(),
+        hint: not_found_hint(path, &error),
         error,
     })?;
     parse(&text).map_err(|message| ConfigError::Invalid {
         path: path.to_owned(),
         message,
     })
+}
+
+/// For a relative `path` that is not there: the working directory it was read from, and the
+/// flag that names another file.
+fn not_found_hint(path: &Path, error: &std::io::Error) -> String {
+    if path.is_absolute() || error.kind() != std::io::ErrorKind::NotFound {
+        return String::new();
+    }
+    let dir = std::env::current_dir().map_or_else(|_| "?".to_owned(), |d| d.display().to_string());
+    format!(
+        "; a relative path is read from the working directory, here {dir}: name the file with --config FILE"
+    )
 }
 
 /// Checks what the file names beyond itself: the TLS certificate, its key and the session ticket

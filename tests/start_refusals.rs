@@ -32,6 +32,44 @@ fn check_config_names_the_line_at_fault() {
 }
 
 #[test]
+fn a_default_configuration_not_found_says_where_it_was_looked_for_and_the_flag() {
+    // Run outside the repository, the default `config/animal-store.toml` is not there: the
+    // error says the working directory it was read from and how to name the file.
+    let dir = tempfile::tempdir().unwrap();
+    let here = dir.path().canonicalize().unwrap();
+    for args in [&["keys", "list"][..], &["serve"], &["check-config"]] {
+        let out = std::process::Command::new(common::BIN)
+            .args(args)
+            .current_dir(&here)
+            .env_remove(common::REDIS_URL_ENV)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot read config/animal-store.toml: ")
+                && err.contains(&format!(
+                    "here {}: name the file with --config FILE",
+                    here.display()
+                )),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(
+        !here.join("data").exists(),
+        "a start without its configuration made nothing"
+    );
+    // An absolute path needs no hint.
+    let missing = here.join("missing.toml");
+    let (code, _, err) = cli(&["check-config", missing.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cannot read") && !err.contains("--config"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_damaged_key_store_stops_the_gateway_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
