@@ -169,6 +169,44 @@ class TooNoisy(unittest.TestCase):
         self.assertIn("the rounds of noisy spread by 100.0%", run.too_noisy(rows, 0.10))
 
 
+class Gated(unittest.TestCase):
+    ALL = {name: rounds(100) for name in [
+        "direct", "nginx", "haproxy", "pingora pass-through", "pass-through, kept upstreams",
+        "gateway (embedded)", "gateway (redis)", "gateway (header_case = lower)",
+        "2 gateways (redis)"]}
+
+    def test_keeps_the_rows_the_targets_are_read_from(self):
+        self.assertEqual(
+            list(run.gated(self.ALL)),
+            ["nginx", "pingora pass-through", "pass-through, kept upstreams", "gateway (embedded)"])
+
+    def test_a_noisy_redis_row_does_not_stop_a_run_a_noisy_target_row_does(self):
+        rows = dict(self.ALL, **{"gateway (redis)": rounds(80, 100, 120)})
+        self.assertIsNotNone(run.too_noisy(rows, 0.10))
+        self.assertIsNone(run.too_noisy(run.gated(rows), 0.10))
+        self.assertIsNone(run.bound_to_be_too_noisy(run.gated(rows), 0.10))
+        rows["gateway (embedded)"] = rounds(80, 100, 120)
+        self.assertIn("gateway (embedded)", run.too_noisy(run.gated(rows), 0.10))
+        self.assertIn("gateway (embedded)", run.bound_to_be_too_noisy(run.gated(rows), 0.10))
+
+    def test_the_report_names_the_widest_judged_row_and_the_widest_other(self):
+        rows = dict(self.ALL, **{"gateway (redis)": rounds(84, 100, 100),
+                                 "pingora pass-through": rounds(97, 100, 102),
+                                 "nginx": rounds(99, 100, 100)})
+        sentence = run.quietness(rows)
+        self.assertIn("spread by at most **5.0%** of their median throughput "
+                      "(pingora pass-through; nginx 1.0%)", sentence)
+        self.assertIn("Of the other contenders, gateway (redis) spread the most, by 16.0%.",
+                      sentence)
+
+
+class FellBehind(unittest.TestCase):
+    def test_counts_runs_below_99_percent_of_the_offered_rate(self):
+        runs = [{"rps": 38_106}, {"rps": 37_825}, {"rps": 37_700}, {"rps": 34_501}]
+        self.assertEqual([r["rps"] for r in run.fell_behind(runs, 38_114)], [37_700, 34_501])
+        self.assertEqual(run.fell_behind(runs, 30_000), [])
+
+
 class BoundToBeTooNoisy(unittest.TestCase):
     def test_without_max_spread_or_rounds_the_run_goes_on(self):
         self.assertIsNone(run.bound_to_be_too_noisy({"a": rounds(50, 100)}, None))
