@@ -91,15 +91,22 @@ fn not_found_hint(path: &Path, error: &std::io::Error) -> String {
 }
 
 /// Checks what the file names beyond itself: the TLS certificate, its key and the session ticket
-/// keys (`check-config`).
-pub fn check_files(config: &FileConfig) -> anyhow::Result<()> {
+/// keys (`check-config`). Returns the warnings a start would log for them: secret files every
+/// user of the machine may read or write.
+pub fn check_files(config: &FileConfig) -> anyhow::Result<Vec<String>> {
+    use animal_store_gateway::tls;
     let settings = config.gateway_settings().map_err(anyhow::Error::msg)?;
-    if let Some((_, files)) = &settings.tls {
-        animal_store_gateway::tls::load(files, std::time::SystemTime::now())?;
-    }
+    let key = match &settings.tls {
+        Some((_, files)) => {
+            tls::load(files, std::time::SystemTime::now())?;
+            Some(files.key.as_path())
+        }
+        None => None,
+    };
     // Checked also without a listener in the file, which the command line may give.
-    animal_store_gateway::tls::check_ticket_keys(&config.gateway.tls.ticket_keys)?;
-    Ok(())
+    let ticket_keys = &config.gateway.tls.ticket_keys;
+    tls::check_ticket_keys(ticket_keys)?;
+    Ok(tls::exposed_secrets(key, ticket_keys))
 }
 
 /// Parses configuration text; errors say the line and column.

@@ -101,7 +101,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             // With flags, the configuration they make: a certificate given on the command line
             // is checked as a start would load it.
             config::apply(overrides, &mut config, path)?;
-            config::check_files(&config)?;
+            for warning in config::check_files(&config)? {
+                eprintln!("warning: {warning}");
+            }
             Ok(output::print(&format!("{}: ok", path.display()))?)
         }
     }

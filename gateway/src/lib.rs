@@ -157,7 +157,13 @@ pub fn run(
     reload: Reload,
 ) -> Result<(), StartError> {
     let certificate = match &settings.tls {
-        Some((_, files)) => Some(tls::CertResolver::load(files)?),
+        Some((_, files)) => {
+            let loaded = tls::CertResolver::load(files)?;
+            for warning in files.exposed() {
+                log::warn!("gateway: TLS: {warning}");
+            }
+            Some(loaded)
+        }
         None => None,
     };
     let source = key_source(&settings, data_dir)?;

@@ -61,6 +61,9 @@ impl Reloads {
             keep_restart_only(&old, &mut fresh);
             if let (Some(c), Some((_, files))) = (&self.certificate, &fresh.tls) {
                 c.reload(files).map_err(|e| format!("TLS: {e}"))?;
+                for warning in files.exposed() {
+                    log::warn!("gateway: SIGHUP: TLS: {warning}");
+                }
             }
             Ok(fresh)
         });

@@ -17,7 +17,8 @@
 //!
 //! Certificates are checked when loaded, so a bad file is a clear error at start (and in
 //! `check-config`) naming the file: missing or unreadable, no PEM certificate or key in it, a
-//! key that does not belong to the certificate, or a certificate expired or not yet valid.
+//! key that does not belong to the certificate, or a certificate expired or not yet valid. A key
+//! file every user of the machine may read is loaded, with a warning (`tls/modes.rs`).
 
 use std::any::Any;
 use std::fmt;
@@ -40,7 +41,10 @@ use serde::Deserialize;
 
 use crate::metrics;
 
+mod modes;
 mod tickets;
+
+pub use modes::exposed_secrets;
 
 /// The files of the TLS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -288,6 +292,14 @@ fn read_ca(path: &Path) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), TlsEr
 pub struct CertResolver {
     current: ArcSwap<CertifiedKey>,
     ticket_keys: tickets::SharedKeys,
+}
+
+impl TlsFiles {
+    /// Warnings for the secret files among these that every user of the machine may read or
+    /// write ([`exposed_secrets`]).
+    pub fn exposed(&self) -> Vec<String> {
+        exposed_secrets(Some(&self.key), &self.ticket_keys)
+    }
 }
 
 impl CertResolver {

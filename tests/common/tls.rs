@@ -1,6 +1,7 @@
 //! Certificates made by the tests: a CA of their own and leaf certificates it signs for
 //! `localhost` and `127.0.0.1`, written as PEM files.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use rcgen::{
@@ -49,6 +50,8 @@ impl TestCa {
         );
         std::fs::write(&cert_path, format!("{}{}", cert.pem(), self.pem())).unwrap();
         std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        // As `openssl req -keyout` leaves a key: its owner's alone (the gateway warns otherwise).
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
         (cert_path, key_path)
     }
 

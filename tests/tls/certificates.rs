@@ -73,6 +73,46 @@ fn unusable_certificates_are_clear_errors_at_start_and_in_check_config() {
     assert!(stderr.contains("gateway.tls"), "{stderr}");
 }
 
+/// A private key every user of the machine may read still starts and passes `check-config`, with
+/// a warning naming the file, its mode and the `chmod` that closes it: in `check-config`, in the
+/// start's log and at a `SIGHUP`; a key kept to its owner and group (0640) gets none.
+#[test]
+fn a_private_key_every_user_may_read_is_named_in_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = TestCa::new().leaf(dir.path(), "server", false);
+    let warning = format!(
+        "{key} holds the TLS private key, and every user of this machine may read it (mode 0644): \
+         `chmod o-rwx {key}` keeps it to its owner and group",
+        key = key.display()
+    );
+    let tls = free_addr().to_string();
+    set_mode(&key, 0o644);
+    let (code, stdout, stderr) = check_with_flags(&tls, &cert, &key);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.ends_with(": ok\n"), "{stdout}");
+    assert!(stderr.contains(&format!("warning: {warning}")), "{stderr}");
+    set_mode(&key, 0o640);
+    let (code, _, stderr) = check_with_flags(&tls, &cert, &key);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("holds the TLS private key"), "{stderr}");
+
+    set_mode(&key, 0o644);
+    let (stack, _) = tls_stack(dir.path(), &cert, &key);
+    stack.proc.wait_log(&format!("gateway: TLS: {warning}"));
+    set_mode(&key, 0o640);
+    kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
+    // A warning would come before the reload's line.
+    let log = stack.proc.wait_log("configuration reloaded");
+    assert!(!log.contains("SIGHUP: TLS:"), "{log}");
+    set_mode(&key, 0o600 | 0o006);
+    kill(stack.proc.pid(), Signal::SIGHUP).unwrap();
+    stack.proc.wait_log(&format!(
+        "gateway: SIGHUP: TLS: {} holds the TLS private key, and every user of this machine may \
+         read and replace it (mode 0606)",
+        key.display()
+    ));
+}
+
 /// `check-config` of the shipped configuration with a TLS listener, `cert` and `key` as flags:
 /// (exit code, stdout, stderr).
 fn check_with_flags(tls: &str, cert: &Path, key: &Path) -> (i32, String, String) {

@@ -50,6 +50,12 @@ fn start_with_tls(dir: &Path, config: &Path, tls: &str, cert: &Path, key: &Path)
     (code, stderr)
 }
 
+/// Sets `path`'s mode bits to `mode`.
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
 /// A configuration file's `[gateway.tls]` table with the listener on `tls`, `cert` and `key`.
 fn tls_table(tls: &str, cert: &Path, key: &Path) -> String {
     format!(

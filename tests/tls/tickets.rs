@@ -9,18 +9,20 @@ use std::time::Duration;
 
 use super::common::tls::{TestCa, connect_with, exchange, list_and_close};
 use super::common::{Stack, cli, free_addr, shipped_config, wait_metric};
-use super::{handshakes, start_with_tls, tls_table};
+use super::{handshakes, set_mode, start_with_tls, tls_table};
 use nix::sys::signal::{Signal, kill};
 use tokio_rustls::rustls::HandshakeKind::{self, Full, Resumed};
 use tokio_rustls::rustls::version::{TLS12, TLS13};
 use tokio_rustls::rustls::{ClientConfig, SupportedProtocolVersion};
 
-/// A key file of 80 random bytes, as `openssl rand 80` writes.
+/// A key file of 80 random bytes, as `openssl rand 80` writes, its owner's alone (as the README's
+/// `install -m 600` makes it).
 fn ticket_key(dir: &Path, name: &str) -> PathBuf {
     let mut bytes = [0u8; 80];
     getrandom::fill(&mut bytes).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
+    set_mode(&path, 0o600);
     path
 }
 
@@ -284,6 +286,34 @@ fn a_ticket_key_file_that_is_no_key_is_a_clear_error_at_start_and_in_check_confi
         stderr.contains("gateway.tls.ticket_keys: no keys with session_tickets = false"),
         "{stderr}"
     );
+}
+
+/// A ticket key file every user of the machine may read passes `check-config` with a warning
+/// naming it, its mode and the `chmod` that closes it; one kept to its owner gets none.
+#[test]
+fn a_ticket_key_every_user_may_read_is_named_in_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let (open, closed) = (
+        ticket_key(dir.path(), "open.key"),
+        ticket_key(dir.path(), "closed.key"),
+    );
+    set_mode(&open, 0o604);
+    set_mode(&closed, 0o600);
+    let config = dir.path().join("tickets.toml");
+    write_config(&config, &[&closed, &open]);
+    let (code, _, stderr) = cli(&["check-config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "warning: {open} holds a session ticket key, and every user of this machine may read it \
+             (mode 0604): `chmod o-rwx {open}` keeps it to its owner and group\n",
+            open = open.display()
+        )
+    );
+    set_mode(&open, 0o640);
+    let (code, _, stderr) = cli(&["check-config", config.to_str().unwrap()]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
 }
 
 /// With `session_tickets = false` the gateway gives no tickets (TLS 1.3 and 1.2): a client that
