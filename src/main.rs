@@ -98,10 +98,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::CheckConfig { file } => {
             let path = file.as_ref().unwrap_or(&overrides.config);
             let mut config = config::read(path)?;
+            let password = config::exposed_password(path, &config);
             // With flags, the configuration they make: a certificate given on the command line
             // is checked as a start would load it.
             config::apply(overrides, &mut config, path)?;
-            for warning in config::check_files(&config)? {
+            for warning in password.into_iter().chain(config::check_files(&config)?) {
                 eprintln!("warning: {warning}");
             }
             Ok(output::print(&format!("{}: ok", path.display()))?)

@@ -43,6 +43,7 @@ pub mod request_id;
 pub mod request_line;
 pub mod retries;
 pub mod routes;
+pub mod secret_files;
 pub mod settings;
 mod slot_memory;
 pub mod state_table;

@@ -18,7 +18,7 @@
 //! Certificates are checked when loaded, so a bad file is a clear error at start (and in
 //! `check-config`) naming the file: missing or unreadable, no PEM certificate or key in it, a
 //! key that does not belong to the certificate, or a certificate expired or not yet valid. A key
-//! file every user of the machine may read is loaded, with a warning (`tls/modes.rs`).
+//! file every user of the machine may read is loaded, with a warning ([`exposed_secrets`]).
 
 use std::any::Any;
 use std::fmt;
@@ -41,10 +41,7 @@ use serde::Deserialize;
 
 use crate::metrics;
 
-mod modes;
 mod tickets;
-
-pub use modes::exposed_secrets;
 
 /// The files of the TLS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,6 +297,20 @@ impl TlsFiles {
     pub fn exposed(&self) -> Vec<String> {
         exposed_secrets(Some(&self.key), &self.ticket_keys)
     }
+}
+
+/// The warnings for `key` (the listener's private key, if any) and `ticket_keys`: one for each
+/// file that users other than its owner and group may read or write
+/// ([`secret_files`](crate::secret_files)).
+pub fn exposed_secrets(key: Option<&Path>, ticket_keys: &[PathBuf]) -> Vec<String> {
+    let key = key.map(|path| (path, "the TLS private key"));
+    let tickets = ticket_keys
+        .iter()
+        .map(|path| (path.as_path(), "a session ticket key"));
+    key.into_iter()
+        .chain(tickets)
+        .filter_map(|(path, what)| crate::secret_files::open_to_others(path, what))
+        .collect()
 }
 
 impl CertResolver {

@@ -354,3 +354,50 @@ async fn the_redis_url_may_come_from_the_environment() {
         "the variable alone names a Redis that is not there: {stderr}"
     );
 }
+
+/// A Redis password in a configuration file every user of the machine may read is named in a
+/// warning, by `check-config` (which still passes) and at a gateway's start (which goes on, here
+/// with Redis away), with the file, its mode, the `chmod` that closes it and the variable that
+/// keeps the URL out of files; the password itself is never printed. Closed to others (0640), or
+/// without a password in it, the file gets no warning.
+#[test]
+fn a_redis_password_in_a_file_every_user_may_read_is_named_in_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "s3cret-pw";
+    let with_password = config(
+        dir.path(),
+        &format!("[gateway.redis]\nurl = \"redis://:{secret}@127.0.0.1:1\"\ntimeout_ms = 50"),
+    );
+    let set_mode = |mode: u32| {
+        std::fs::set_permissions(&with_password, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    let warning = format!(
+        "{file} holds a Redis password (gateway.redis.url), and every user of this machine may \
+         read it (mode 0644): `chmod o-rwx {file}` keeps it to its owner and group; or give the \
+         URL in ANIMAL_STORE_REDIS_URL, which keeps it out of the file",
+        file = with_password.display()
+    );
+    set_mode(0o644);
+    let (code, _, stderr) = cli(&["check-config", with_password.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stderr, format!("warning: {warning}\n"));
+
+    let gateway = GatewayOnly::start(dir.path(), "a", &with_password, free_addr(), &[]);
+    let log = gateway.proc.wait_log(&warning);
+    assert!(!log.contains(secret), "{log}");
+    drop(gateway);
+
+    set_mode(0o640);
+    let (code, _, stderr) = cli(&["check-config", with_password.to_str().unwrap()]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+    let without = dir.path().join("without.toml");
+    std::fs::write(
+        &without,
+        format!("[gateway.redis]\nurl = \"redis://127.0.0.1:1\"\n{PETS_ROUTE}"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&without, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, _, stderr) = cli(&["check-config", without.to_str().unwrap()]);
+    assert_eq!((code, stderr.as_str()), (0, ""));
+}
