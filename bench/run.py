@@ -1046,7 +1046,7 @@ def quietness(rows):
     """The report's sentence on how quiet the machine was: the widest spread of the rows the
     targets are read from (what MAX_SPREAD judges), then the widest of the others."""
     spread = round_spreads(rows)
-    judged = round_spreads(gated(rows))
+    judged = gated(spread)
     widest = max(judged, key=judged.get)
     also = "" if widest == "nginx" else f"; nginx {spread['nginx']:.1%}"
     others = {name: s for name, s in spread.items() if name not in judged}

@@ -147,7 +147,7 @@ pub fn load(overrides: &Overrides) -> Result<FileConfig, ConfigError> {
 /// machine may read the file; None otherwise.
 pub fn exposed_password(path: &Path, config: &FileConfig) -> Option<String> {
     let urls = config.gateway.redis.url.as_deref()?;
-    if !has_password(urls) {
+    if !animal_store_gateway::redis_conn::has_password(urls) {
         return None;
     }
     let warning = animal_store_gateway::secret_files::open_to_others(
@@ -158,22 +158,6 @@ pub fn exposed_password(path: &Path, config: &FileConfig) -> Option<String> {
         "{warning}; or give the URL in {}, which keeps it out of the file",
         crate::cli::REDIS_URL_ENV
     ))
-}
-
-/// Whether `urls` (one URL, or a comma-separated list of seeds) carries a password:
-/// `redis://:PASSWORD@host` or `redis://USER:PASSWORD@host`.
-fn has_password(urls: &str) -> bool {
-    urls.split(',').any(|url| {
-        let Some(scheme) = url.find("://") else {
-            return false;
-        };
-        let Some(at) = url.rfind('@').filter(|&at| at > scheme) else {
-            return false;
-        };
-        url[scheme + 3..at]
-            .split_once(':')
-            .is_some_and(|(_, password)| !password.is_empty())
-    })
 }
 
 /// Puts the command line's overrides (flags, and the environment's Redis URL) over `config`,
@@ -218,18 +202,6 @@ fn put_over(overrides: &Overrides, config: &mut FileConfig) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_password_is_found_in_any_seed_and_only_there() {
-        assert!(has_password("redis://:secret@h:6379"));
-        assert!(has_password("rediss://user:secret@h:6380/0"));
-        assert!(has_password("redis://h:7000, redis://:secret@h:7001"));
-        assert!(!has_password("redis://h:6379"));
-        assert!(!has_password("redis://user@h:6379"));
-        assert!(!has_password("redis://:@h:6379"));
-        assert!(!has_password("user:secret@h:6379"));
-        assert!(!has_password("not a url"));
-    }
 
     #[test]
     fn shipped_configuration_parses() {

@@ -99,14 +99,30 @@ pub fn parse_urls(text: &str) -> Result<Vec<String>, RedisError> {
     Ok(urls)
 }
 
+/// Where `url`'s user information (`USER:PASSWORD` of `redis://USER:PASSWORD@host`) stands.
+fn user_info(url: &str) -> Option<std::ops::Range<usize>> {
+    let start = url.find("://")? + 3;
+    let end = url.rfind('@').filter(|&at| at >= start)?;
+    Some(start..end)
+}
+
 /// The URL without a password, for logs and errors.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
+    match user_info(url) {
+        Some(span) => format!("{}***{}", &url[..span.start], &url[span.end..]),
+        None => url.to_owned(),
     }
+}
+
+/// Whether `urls` (one URL, or a comma-separated list of seeds) carries a password.
+pub fn has_password(urls: &str) -> bool {
+    urls.split(',').any(|url| {
+        user_info(url).is_some_and(|span| {
+            url[span]
+                .split_once(':')
+                .is_some_and(|(_, pw)| !pw.is_empty())
+        })
+    })
 }
 
 /// A connection to a single Redis or to a cluster. Cloning is cheap and shares the sockets.
@@ -396,5 +412,17 @@ mod tests {
         assert!(!err.contains("secret"), "{err}");
         assert_eq!(redact("redis://user:pw@h:1/0"), "redis://***@h:1/0");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn a_password_is_found_in_any_seed_and_only_there() {
+        assert!(has_password("redis://:secret@h:6379"));
+        assert!(has_password("rediss://user:secret@h:6380/0"));
+        assert!(has_password("redis://h:7000, redis://:secret@h:7001"));
+        assert!(!has_password("redis://h:6379"));
+        assert!(!has_password("redis://user@h:6379"));
+        assert!(!has_password("redis://:@h:6379"));
+        assert!(!has_password("user:secret@h:6379"));
+        assert!(!has_password("not a url"));
     }
 }
